@@ -1,0 +1,242 @@
+"""Settings: built once in the entry point (``load_settings``) and passed down.
+
+Sources, highest priority first: keyword arguments, ``HEALER_``-prefixed environment variables
+(nested groups with ``__``, e.g. ``HEALER_DATABASE__URL``), the YAML file given with ``--config``
+(or ``HEALER_CONFIG``), then the defaults below, which give a working local setup (SQLite file,
+Prometheus on localhost, dry-run on).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from healer.errors import ConfigError
+
+
+class PrometheusSettings(BaseModel):
+    """Where healer reads metrics."""
+
+    url: str = Field("http://127.0.0.1:9090", description="Prometheus (or Thanos/Mimir) base URL.")
+    timeout_seconds: float = Field(10.0, gt=0, description="Connect+read timeout of one query, seconds.")
+    tick_deadline_seconds: float = Field(
+        30.0, gt=0, description="All queries of one tick must finish within this many seconds."
+    )
+    verify_tls: bool = True
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. tenant).")
+
+
+class KubernetesSettings(BaseModel):
+    """How healer talks to the cluster and marks what it did."""
+
+    kubeconfig: Path | None = Field(
+        None, description="Kubeconfig file; unset = in-cluster or ~/.kube/config."
+    )
+    context: str | None = None
+    namespace: str = Field("healer-system", description="Namespace of healer's Lease.")
+    lease_name: str = "healer-leader"
+    lease_duration_seconds: int = Field(15, ge=5, description="Others take over after this many seconds.")
+    renew_interval_seconds: float = Field(5.0, gt=0)
+    domain: str = Field("healer.dev", description="Prefix of healer's taint, annotations and labels.")
+    condition_type: str = Field("GpuHealthy", description="Node condition healer sets to False.")
+    opt_out_label: str = Field(
+        "healer.dev/opt-out", description="Nodes with this label = 'true' are never touched."
+    )
+    pool_label: str = Field(
+        "node.kubernetes.io/instance-type", description="Node label grouping nodes into pools for budgets."
+    )
+    request_timeout_seconds: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _renew_faster_than_lease(self) -> KubernetesSettings:
+        if self.renew_interval_seconds >= self.lease_duration_seconds:
+            raise ValueError("renew_interval_seconds must be shorter than lease_duration_seconds")
+        return self
+
+
+class DatabaseSettings(BaseModel):
+    """Where healer records findings, transitions, actions and tickets."""
+
+    url: str = Field(
+        "sqlite:///healer.db", description="SQLAlchemy URL; postgresql+psycopg://... in production."
+    )
+    echo: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if not value.startswith(("sqlite", "postgresql")):
+            raise ValueError("only sqlite:// and postgresql+psycopg:// URLs are supported")
+        return value
+
+
+class SchedulerSettings(BaseModel):
+    """How often the background jobs run."""
+
+    default_interval_seconds: float = Field(30.0, gt=0, description="Tick interval for groups without one.")
+    outbox_interval_seconds: float = Field(5.0, gt=0, description="Ticket delivery job period.")
+    drain_interval_seconds: float = Field(10.0, gt=0, description="Drain progress job period.")
+    retention_days: int = Field(90, ge=1, description="Evaluations and closed incidents older are pruned.")
+
+
+class MaintenanceWindow(BaseModel):
+    """A recurring window (UTC) during which a pool is not remediated."""
+
+    pool: str = Field("*", description="Pool name, or '*' for every pool.")
+    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] = Field(
+        default_factory=lambda: ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+    )
+    start: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC.")
+    end: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC; may be before start (overnight).")
+
+
+class SafetySettings(BaseModel):
+    """The limits that keep healer from making things worse."""
+
+    dry_run: bool = Field(
+        True, description="Record intended actions only. Turn off once the rules are trusted."
+    )
+    max_unhealthy: int = Field(
+        2, ge=0, description="Nodes out of service at once per pool (in flight count)."
+    )
+    max_unhealthy_percent: float = Field(10.0, ge=0, le=100, description="Same, as % of the pool.")
+    breaker_nodes: int = Field(
+        5, ge=1, description="Trip when more nodes than this turn bad within the window."
+    )
+    breaker_percent: float = Field(20.0, gt=0, le=100, description="... or more than this % of the fleet.")
+    breaker_window_seconds: float = Field(300.0, gt=0)
+    maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)
+    stale_after_seconds: float = Field(
+        120.0, gt=0, description="A node whose exporter has not reported for this long is 'unknown'."
+    )
+
+
+class ProviderSettings(BaseModel):
+    """One provider support intake (webhook)."""
+
+    name: str
+    url: str
+    template: str = Field("generic.json.j2", description="Built-in template name or a path.")
+    secret_env: str | None = Field(None, description="Environment variable holding the HMAC secret.")
+    secret_file: Path | None = Field(None, description="File holding the HMAC secret (Secret mount).")
+    timeout_seconds: float = Field(10.0, gt=0)
+    headers: dict[str, str] = Field(default_factory=dict)
+    escalation_template: str | None = None
+    escalation_provider: str | None = None
+
+
+class TicketSettings(BaseModel):
+    """Provider tickets."""
+
+    cluster_name: str = "local"
+    dashboard_url: str = "http://127.0.0.1:8080"
+    providers: list[ProviderSettings] = Field(default_factory=list)
+    repeat_window_days: int = Field(
+        30, ge=0, description="A failure within this many days of a repair escalates."
+    )
+    callback_secret_env: str | None = Field(
+        None, description="Env var with the inbound callback HMAC secret."
+    )
+    callback_secret_file: Path | None = None
+    max_clock_skew_seconds: int = Field(
+        300, ge=1, description="Inbound callbacks older or newer are refused."
+    )
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_names(cls, value: list[ProviderSettings]) -> list[ProviderSettings]:
+        names = [p.name for p in value]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate provider names: {', '.join(dupes)}")
+        return value
+
+
+class ApiToken(BaseModel):
+    """A bearer token and the role it grants. Give the token through the environment, not a file in git."""
+
+    token: str = Field(..., min_length=16)
+    user: str
+    role: Literal["viewer", "operator"] = "viewer"
+
+
+class ApiSettings(BaseModel):
+    """The dashboard and JSON API."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    tokens: list[ApiToken] = Field(default_factory=list)
+    proxy_user_header: str | None = Field(None, description="e.g. X-Forwarded-User from oauth2-proxy.")
+    proxy_groups_header: str | None = Field(None, description="e.g. X-Forwarded-Groups (comma separated).")
+    operator_groups: list[str] = Field(default_factory=list, description="Proxy groups granted operator.")
+    anonymous_role: Literal["none", "viewer", "operator"] = Field(
+        "viewer", description="Role of requests with no token and no proxy identity."
+    )
+    csrf_secret: str | None = Field(None, description="Unset = a random secret per process.")
+
+
+class Settings(BaseSettings):
+    """All of healer's settings. Build with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(env_prefix="HEALER_", env_nested_delimiter="__", extra="forbid")
+
+    rules_paths: list[Path] = Field(default_factory=lambda: [Path("rules")])
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    safety: SafetySettings = Field(default_factory=SafetySettings)
+    tickets: TicketSettings = Field(default_factory=TicketSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if settings_cls.model_config.get("yaml_file"):
+            sources.append(YamlConfigSettingsSource(settings_cls))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings once.
+
+    Args:
+        config_file: optional YAML file (the CLI's ``--config``).
+        overrides: highest-priority values (tests, CLI flags).
+
+    Raises:
+        ConfigError: the file is missing or a value is invalid; the message names each field.
+    """
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"{config_file}: config file not found")
+    cls = Settings
+    if config_file is not None:
+        # A subclass carries the file in its config, so no module state is needed.
+        cls = type(
+            "Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": config_file}}
+        )
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        where = str(config_file) if config_file else "settings"
+        lines = [
+            f"{where}: {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in exc.errors()
+        ]
+        raise ConfigError("\n".join(lines)) from exc

@@ -1,0 +1,1 @@
+"""Rule files: the schema (``schema``) and loading with file:line errors (``loading``)."""

@@ -1,0 +1,182 @@
+"""The rule file schema: Prometheus alerting rules plus healer's keys.
+
+A rule file looks like::
+
+    groups:
+      - name: gpu-thermal
+        interval: 30s
+        rules:
+          - name: GpuTooHot
+            expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
+            for: 5m
+            keep_firing_for: 10m
+            severity: critical
+            unit: degrees C
+            annotations: {summary: "GPU {{ $labels.gpu }} above 78 C for 5 minutes"}
+            actions:
+              - quarantine
+              - drain: {timeout: 1h}
+              - ticket: {provider: default}
+
+Durations are Prometheus duration strings and are held as seconds (float).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from healer.ruleset.durations import parse_duration
+
+#: Labels tried in order to find the Kubernetes node name of a series (see reference/metrics.md):
+#: dcgm-exporter's ``Hostname`` (``hostname`` in newer sources), then common relabelings.
+DEFAULT_NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "nodename")
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QuarantineAction(_Strict):
+    """Cordon (``spec.unschedulable``), add healer's taint, set the node condition False."""
+
+    kind: Literal["quarantine"] = "quarantine"
+    taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class TaintAction(_Strict):
+    """Degrade only: taint the node (no cordon) so pods that tolerate it keep running there."""
+
+    kind: Literal["taint"] = "taint"
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class DrainAction(_Strict):
+    """Evict the node's pods through the Eviction API, as ``kubectl drain`` does."""
+
+    kind: Literal["drain"] = "drain"
+    timeout: Seconds = Field(3600.0, gt=0, description="Drain deadline, seconds from its start.")
+    grace_period: int = Field(-1, ge=-1, description="Pod grace period, seconds; -1 = the pod's own.")
+    delete_emptydir_data: bool = False
+    ignore_daemonsets: bool = True
+    force: bool = Field(False, description="Also evict pods with no controller.")
+    delete_after_timeout: bool = Field(
+        False, description="Past the deadline, DELETE pods a PodDisruptionBudget still protects (recorded)."
+    )
+    concurrency: int = Field(8, ge=1, le=256, description="Evictions in flight at once.")
+
+
+class TicketAction(_Strict):
+    """Ask the provider to replace the part (webhook through the outbox)."""
+
+    kind: Literal["ticket"] = "ticket"
+    provider: str = Field("default", min_length=1)
+    template: str | None = None
+
+
+class NotifyAction(_Strict):
+    """Tell humans (Kubernetes Event and dashboard) without touching the node."""
+
+    kind: Literal["notify"] = "notify"
+    message: str | None = None
+
+
+Action = Annotated[
+    QuarantineAction | TaintAction | DrainAction | TicketAction | NotifyAction, Field(discriminator="kind")
+]
+ACTION_KINDS = ("quarantine", "taint", "drain", "ticket", "notify")
+
+
+def _normalise_action(value: Any) -> Any:
+    """``quarantine`` → ``{kind: quarantine}``; ``{drain: {timeout: 1h}}`` → ``{kind: drain, ...}``."""
+    if isinstance(value, str):
+        return {"kind": value}
+    if isinstance(value, dict) and len(value) == 1 and "kind" not in value:
+        ((kind, options),) = value.items()
+        if options is None:
+            options = {}
+        if isinstance(options, dict):
+            return {"kind": kind, **options}
+    return value
+
+
+class Rule(_Strict):
+    """One rule: a PromQL condition, how long it must hold, and what to do about it."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_:-]*$")
+    expr: str = Field(..., description="PromQL; every series it returns is a finding candidate.")
+    for_: Seconds = Field(0.0, alias="for", ge=0, description="Condition must hold this long, seconds.")
+    keep_firing_for: Seconds = Field(
+        0.0, ge=0, description="Recovery hold: clear for this long before a firing finding resolves, seconds."
+    )
+    severity: Literal["critical", "warning", "info"] = "critical"
+    kind: Literal["fault", "no_data"] = Field(
+        "fault", description="'no_data' rules mark nodes unknown (exporter down), never faulty."
+    )
+    node_labels: tuple[str, ...] = Field(DEFAULT_NODE_LABELS, min_length=1)
+    gpu_label: str = "gpu"
+    unit: str | None = Field(
+        None, description="Unit of the expression's value, for evidence (e.g. 'degrees C')."
+    )
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    actions: list[Annotated[Action, BeforeValidator(_normalise_action)]] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("expr")
+    @classmethod
+    def _expr_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("expr must not be empty")
+        return value.strip()
+
+    @model_validator(mode="after")
+    def _actions_make_sense(self) -> Rule:
+        kinds = [a.kind for a in self.actions]
+        dupes = sorted({k for k in kinds if kinds.count(k) > 1 and k != "ticket"})
+        if dupes:
+            raise ValueError(f"action(s) listed twice: {', '.join(dupes)}")
+        if "drain" in kinds and "quarantine" not in kinds:
+            raise ValueError("drain needs quarantine first (a drained node must be cordoned)")
+        if self.kind == "no_data" and set(kinds) - {"notify"}:
+            raise ValueError("a no_data rule may only notify: missing data is not a hardware fault")
+        return self
+
+    @property
+    def summary(self) -> str:
+        return self.annotations.get("summary", "")
+
+
+class RuleGroup(_Strict):
+    """Rules evaluated together at one interval."""
+
+    name: str = Field(..., min_length=1)
+    interval: Seconds | None = Field(None, gt=0, description="Seconds; unset = the scheduler's default.")
+    rules: list[Rule] = Field(..., min_length=1)
+
+
+class RuleFile(_Strict):
+    """The top level of one YAML rule file."""
+
+    groups: list[RuleGroup] = Field(..., min_length=1)
+
+
+class RuleSet(_Strict):
+    """Every loaded group, from one or more files; rule names are unique across the set."""
+
+    groups: tuple[RuleGroup, ...]
+    sources: tuple[str, ...] = ()
+
+    @property
+    def rules(self) -> list[Rule]:
+        return [r for g in self.groups for r in g.rules]
+
+    def rule(self, name: str) -> Rule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(name)

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy 2.0 models, sessions and repositories (repositories never commit)."""

@@ -1,0 +1,273 @@
+"""SQLAlchemy 2.0 typed models: the tables healer records into.
+
+Times are aware UTC (:class:`~healer.store.types.UTCDateTime`); state columns hold the string
+values of the enums in :mod:`healer.engine.states`. Constraint names follow ``NAMING_CONVENTION``
+so Alembic migrations are stable on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from healer.store.types import UTCDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Node(Base):
+    """A Kubernetes node healer knows about, with its current lifecycle state."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), unique=True)
+    pool: Mapped[str] = mapped_column(String(253), default="default")
+    state: Mapped[str] = mapped_column(String(32), default="healthy")
+    state_since: Mapped[datetime]
+    opted_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
+
+    __table_args__ = (Index("ix_nodes_state_since", "state", "state_since"),)
+
+
+class Gpu(Base):
+    """A GPU by UUID, as dcgm-exporter reports it (``UUID``, ``pci_bus_id``, ``modelName``)."""
+
+    __tablename__ = "gpus"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(64), unique=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int]
+    pci_bus_id: Mapped[str | None] = mapped_column(String(32))
+    model_name: Mapped[str | None] = mapped_column(String(128))
+    first_seen: Mapped[datetime]
+    last_seen: Mapped[datetime]
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class RuleEvaluation(Base):
+    """One rule's evaluation in one tick: health, duration, how many series matched."""
+
+    __tablename__ = "rule_evaluations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rule: Mapped[str] = mapped_column(String(200))
+    group: Mapped[str] = mapped_column(String(200))
+    evaluated_at: Mapped[datetime]
+    duration_seconds: Mapped[float] = mapped_column(Float)
+    health: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None] = mapped_column(Text)
+    series: Mapped[int] = mapped_column(Integer, default=0)
+    firing: Mapped[int] = mapped_column(Integer, default=0)
+    warnings: Mapped[list[Any] | None]
+
+    __table_args__ = (Index("ix_rule_evaluations_rule_evaluated_at", "rule", "evaluated_at"),)
+
+
+class Incident(Base):
+    """One episode of a node being unhealthy; findings, transitions, actions and tickets attach to it.
+
+    At most one open incident per node (a partial unique index on ``node_id`` where ``closed_at``
+    is null).
+    """
+
+    __tablename__ = "incidents"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    opened_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None]
+    summary: Mapped[str] = mapped_column(Text, default="")
+    close_reason: Mapped[str | None] = mapped_column(Text)
+    escalated: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    __table_args__ = (
+        Index(
+            "uq_incidents_open_node",
+            "node_id",
+            unique=True,
+            sqlite_where=text("closed_at IS NULL"),
+            postgresql_where=text("closed_at IS NULL"),
+        ),
+    )
+
+
+class Finding(Base):
+    """One episode of one rule's condition on one series (rule + label set), pending to resolved.
+
+    Written on change only (pending, firing, resolved, value refreshed at most per tick on firing
+    ones), not per sample.
+    """
+
+    __tablename__ = "findings"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rule: Mapped[str] = mapped_column(String(200))
+    series_key: Mapped[str] = mapped_column(String(1000))
+    node_name: Mapped[str] = mapped_column(String(253))
+    gpu: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(16), default="critical")
+    value: Mapped[float | None] = mapped_column(Float)
+    unit: Mapped[str | None] = mapped_column(String(32))
+    labels: Mapped[dict[str, Any]]
+    summary: Mapped[str] = mapped_column(Text, default="")
+    active_since: Mapped[datetime]
+    fired_at: Mapped[datetime | None]
+    resolved_at: Mapped[datetime | None]
+    last_seen_at: Mapped[datetime]
+    incident_id: Mapped[int | None] = mapped_column(
+        ForeignKey("incidents.id", ondelete="SET NULL"), index=True
+    )
+
+    __table_args__ = (
+        Index("ix_findings_node_name_state", "node_name", "state"),
+        Index("ix_findings_rule_state", "rule", "state"),
+    )
+
+
+class Transition(Base):
+    """A node's lifecycle step: from, to, who, why, when, and the evidence (rule, value, labels)."""
+
+    __tablename__ = "transitions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    incident_id: Mapped[int | None] = mapped_column(
+        ForeignKey("incidents.id", ondelete="SET NULL"), index=True
+    )
+    from_state: Mapped[str] = mapped_column(String(32))
+    to_state: Mapped[str] = mapped_column(String(32))
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any] | None]
+    at: Mapped[datetime]
+
+    __table_args__ = (Index("ix_transitions_node_id_at", "node_id", "at"),)
+
+
+class Action(Base):
+    """Something healer did, would have done (dry-run), or refused; also operator actions (audit log)."""
+
+    __tablename__ = "actions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
+    incident_id: Mapped[int | None] = mapped_column(
+        ForeignKey("incidents.id", ondelete="SET NULL"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(500), default="")
+    status: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    detail: Mapped[dict[str, Any] | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        Index("ix_actions_node_id_created_at", "node_id", "created_at"),
+        Index("ix_actions_created_at", "created_at"),
+    )
+
+
+class Ticket(Base):
+    """A replacement request to a provider; one per (incident, provider), keyed by ``idempotency_key``."""
+
+    __tablename__ = "tickets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"), index=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    provider: Mapped[str] = mapped_column(String(100))
+    idempotency_key: Mapped[str] = mapped_column(String(200), unique=True)
+    status: Mapped[str] = mapped_column(String(16))
+    external_id: Mapped[str | None] = mapped_column(String(200))
+    escalated: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    sent_at: Mapped[datetime | None]
+    acknowledged_at: Mapped[datetime | None]
+    resolved_at: Mapped[datetime | None]
+    closed_by: Mapped[str | None] = mapped_column(String(200))
+
+    __table_args__ = (Index("ix_tickets_status_created_at", "status", "created_at"),)
+
+
+class OutboxMessage(Base):
+    """A webhook delivery waiting to be sent (the transactional outbox)."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    ticket_id: Mapped[int] = mapped_column(ForeignKey("tickets.id", ondelete="CASCADE"), index=True)
+    provider: Mapped[str] = mapped_column(String(100))
+    idempotency_key: Mapped[str] = mapped_column(String(200))
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    last_status_code: Mapped[int | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    delivered_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_outbox_status_next_attempt_at", "status", "next_attempt_at"),)
+
+
+class CallbackNonce(Base):
+    """Signatures of inbound provider callbacks already accepted (replay protection)."""
+
+    __tablename__ = "callback_nonces"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    signature: Mapped[str] = mapped_column(String(128))
+    received_at: Mapped[datetime] = mapped_column(index=True)
+
+    __table_args__ = (UniqueConstraint("signature"),)
+
+
+class Switch(Base):
+    """Controller-wide switches and state: pause, circuit breaker, last tick, rule-set status."""
+
+    __tablename__ = "switches"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime]
+    updated_by: Mapped[str] = mapped_column(String(200))

@@ -1,0 +1,144 @@
+"""Repository for nodes, incidents, transitions, actions and switches. Never commits.
+
+Every function takes the caller's ``Session``; the tick or the request owns the transaction.
+Times are aware UTC and passed in (``now``), never read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from healer.engine.states import NodeState
+from healer.store.models import Action, Incident, Node, Switch, Transition
+
+#: Switch names (rows of the ``switches`` table).
+SWITCH_PAUSED = "paused"  # {"paused": bool, "reason": str}
+SWITCH_BREAKER = "breaker"  # {"tripped": bool, "reason": str, "tripped_at": iso, "held": [node, ...]}
+SWITCH_LAST_TICK = "last_tick"  # {"at": iso, "duration_seconds": float, "leader": str}
+SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
+
+
+def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
+    """The node row for ``name``, created healthy if new."""
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        node = Node(
+            name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
+        )
+        session.add(node)
+        session.flush()
+    return node
+
+
+def open_incident(session: Session, node: Node) -> Incident | None:
+    """The node's open incident, if any (at most one exists: a partial unique index)."""
+    return session.scalar(select(Incident).where(Incident.node_id == node.id, Incident.closed_at.is_(None)))
+
+
+def ensure_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
+    """The node's open incident, opened now if there is none."""
+    incident = open_incident(session, node)
+    if incident is None:
+        incident = Incident(node_id=node.id, opened_at=now, summary=summary)
+        session.add(incident)
+        session.flush()
+    return incident
+
+
+def close_incident(session: Session, node: Node, *, now: datetime, reason: str) -> Incident | None:
+    incident = open_incident(session, node)
+    if incident is not None:
+        incident.closed_at = now
+        incident.close_reason = reason
+    return incident
+
+
+def transition(
+    session: Session,
+    node: Node,
+    to_state: NodeState,
+    *,
+    now: datetime,
+    actor: str,
+    reason: str,
+    evidence: dict[str, Any] | None = None,
+    incident: Incident | None = None,
+) -> Transition:
+    """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when)."""
+    if incident is None:
+        incident = open_incident(session, node)
+    row = Transition(
+        node_id=node.id,
+        incident_id=incident.id if incident else None,
+        from_state=node.state,
+        to_state=str(to_state),
+        actor=actor,
+        reason=reason,
+        evidence=evidence,
+        at=now,
+    )
+    node.state = str(to_state)
+    node.state_since = now
+    node.updated_at = now
+    session.add(row)
+    session.flush()
+    return row
+
+
+def record_action(
+    session: Session,
+    *,
+    kind: str,
+    status: str,
+    actor: str,
+    now: datetime,
+    node: Node | None = None,
+    incident: Incident | None = None,
+    target: str = "",
+    error: str | None = None,
+    detail: dict[str, Any] | None = None,
+    attempts: int = 0,
+) -> Action:
+    """Record an action taken, dry-run, refused or requested by an operator (the audit log)."""
+    row = Action(
+        node_id=node.id if node else None,
+        incident_id=incident.id if incident else None,
+        kind=kind,
+        target=target or (node.name if node else ""),
+        status=str(status),
+        actor=actor,
+        attempts=attempts,
+        error=error,
+        detail=detail,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_switch(session: Session, name: str) -> dict[str, Any]:
+    """The switch's value, ``{}`` when never set."""
+    row = session.get(Switch, name)
+    return dict(row.value) if row else {}
+
+
+def set_switch(session: Session, name: str, value: dict[str, Any], *, now: datetime, by: str) -> None:
+    row = session.get(Switch, name)
+    if row is None:
+        session.add(Switch(name=name, value=value, updated_at=now, updated_by=by))
+    else:
+        row.value = value
+        row.updated_at = now
+        row.updated_by = by
+    session.flush()
+
+
+def nodes_in_states(session: Session, states: Sequence[str]) -> list[Node]:
+    return list(session.scalars(select(Node).where(Node.state.in_(list(states))).order_by(Node.name)))

@@ -1,0 +1,49 @@
+"""The Alembic migrations and the SQLAlchemy models agree, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Engine, inspect
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.store.models import Base, Incident, Node
+
+
+def test_upgrade_creates_every_table(engine: Engine) -> None:
+    tables = set(inspect(engine).get_table_names())
+    assert set(Base.metadata.tables) <= tables
+    assert "alembic_version" in tables
+
+
+def test_models_and_migrations_agree(engine: Engine) -> None:
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+        diff = compare_metadata(ctx, Base.metadata)
+    assert diff == []
+
+
+def test_one_open_incident_per_node(session_factory: sessionmaker[Session]) -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with session_factory() as s, s.begin():
+        node = Node(name="gpu-node-07", state="healthy", state_since=now, created_at=now, updated_at=now)
+        s.add(node)
+        s.flush()
+        s.add(Incident(node_id=node.id, opened_at=now, closed_at=now))
+        s.add(Incident(node_id=node.id, opened_at=now))
+    with pytest.raises(IntegrityError), session_factory() as s, s.begin():
+        s.add(Incident(node_id=node.id, opened_at=now))
+
+
+def test_timestamps_come_back_aware_utc(session_factory: sessionmaker[Session]) -> None:
+    when = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    with session_factory() as s, s.begin():
+        s.add(Node(name="n1", state="healthy", state_since=when, created_at=when, updated_at=when))
+    with session_factory() as s:
+        node = s.query(Node).one()
+        assert node.state_since == when
+        assert node.state_since.tzinfo is not None
