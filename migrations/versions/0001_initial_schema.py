@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 13:24:03.505223
+Create Date: 2026-11-29 13:25:57.568277
 """
 
 from collections.abc import Sequence
