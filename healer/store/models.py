@@ -93,7 +93,11 @@ class RuleEvaluation(Base):
     firing: Mapped[int] = mapped_column(Integer, default=0)
     warnings: Mapped[list[Any] | None]
 
-    __table_args__ = (Index("ix_rule_evaluations_rule_evaluated_at", "rule", "evaluated_at"),)
+    __table_args__ = (
+        Index("ix_rule_evaluations_rule_evaluated_at", "rule", "evaluated_at"),
+        # The dashboard finds the rules evaluated recently when no rule set is loaded.
+        Index("ix_rule_evaluations_evaluated_at", "evaluated_at"),
+    )
 
 
 class Incident(Base):
@@ -201,6 +205,9 @@ class Action(Base):
     __table_args__ = (
         Index("ix_actions_node_id_created_at", "node_id", "created_at"),
         Index("ix_actions_created_at", "created_at"),
+        # The audit page filters by kind or status, newest first.
+        Index("ix_actions_kind_created_at", "kind", "created_at"),
+        Index("ix_actions_status_created_at", "status", "created_at"),
     )
 
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 13:25:57.568277
+Create Date: 2026-11-29 13:29:59.905162
 """
 
 from collections.abc import Sequence
@@ -62,6 +62,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_rule_evaluations")),
     )
     with op.batch_alter_table("rule_evaluations", schema=None) as batch_op:
+        batch_op.create_index("ix_rule_evaluations_evaluated_at", ["evaluated_at"], unique=False)
         batch_op.create_index("ix_rule_evaluations_rule_evaluated_at", ["rule", "evaluated_at"], unique=False)
 
     op.create_table(
@@ -143,7 +144,9 @@ def upgrade() -> None:
     with op.batch_alter_table("actions", schema=None) as batch_op:
         batch_op.create_index("ix_actions_created_at", ["created_at"], unique=False)
         batch_op.create_index(batch_op.f("ix_actions_incident_id"), ["incident_id"], unique=False)
+        batch_op.create_index("ix_actions_kind_created_at", ["kind", "created_at"], unique=False)
         batch_op.create_index("ix_actions_node_id_created_at", ["node_id", "created_at"], unique=False)
+        batch_op.create_index("ix_actions_status_created_at", ["status", "created_at"], unique=False)
 
     op.create_table(
         "findings",
@@ -288,7 +291,9 @@ def downgrade() -> None:
 
     op.drop_table("findings")
     with op.batch_alter_table("actions", schema=None) as batch_op:
+        batch_op.drop_index("ix_actions_status_created_at")
         batch_op.drop_index("ix_actions_node_id_created_at")
+        batch_op.drop_index("ix_actions_kind_created_at")
         batch_op.drop_index(batch_op.f("ix_actions_incident_id"))
         batch_op.drop_index("ix_actions_created_at")
 
@@ -309,6 +314,7 @@ def downgrade() -> None:
     op.drop_table("switches")
     with op.batch_alter_table("rule_evaluations", schema=None) as batch_op:
         batch_op.drop_index("ix_rule_evaluations_rule_evaluated_at")
+        batch_op.drop_index("ix_rule_evaluations_evaluated_at")
 
     op.drop_table("rule_evaluations")
     with op.batch_alter_table("nodes", schema=None) as batch_op:
