@@ -232,6 +232,11 @@ class Ticket(Base):
     acknowledged_at: Mapped[datetime | None]
     resolved_at: Mapped[datetime | None]
     closed_by: Mapped[str | None] = mapped_column(String(200))
+    # What the ticket asks for: the findings it lists (JSON-safe dicts, see healer.tickets.outbox),
+    # the rule's template override, and the repeat-offender decision taken at first delivery.
+    findings: Mapped[list[Any] | None]
+    template: Mapped[str | None] = mapped_column(String(500))
+    escalation: Mapped[dict[str, Any] | None]
 
     __table_args__ = (Index("ix_tickets_status_created_at", "status", "created_at"),)
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 13:29:59.905162
+Create Date: 2026-11-29 13:30:35.566626
 """
 
 from collections.abc import Sequence
@@ -197,6 +197,9 @@ def upgrade() -> None:
         sa.Column("acknowledged_at", healer.store.types.UTCDateTime(timezone=True), nullable=True),
         sa.Column("resolved_at", healer.store.types.UTCDateTime(timezone=True), nullable=True),
         sa.Column("closed_by", sa.String(length=200), nullable=True),
+        sa.Column("findings", sa.JSON(), nullable=True),
+        sa.Column("template", sa.String(length=500), nullable=True),
+        sa.Column("escalation", sa.JSON(), nullable=True),
         sa.ForeignKeyConstraint(
             ["incident_id"],
             ["incidents.id"],
