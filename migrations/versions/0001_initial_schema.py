@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 13:30:35.566626
+Create Date: 2026-11-29 13:31:21.702517
 """
 
 from collections.abc import Sequence
@@ -101,6 +101,14 @@ def upgrade() -> None:
         sa.Column("summary", sa.Text(), nullable=False),
         sa.Column("close_reason", sa.Text(), nullable=True),
         sa.Column("escalated", sa.Boolean(), nullable=False),
+        sa.Column("rule", sa.String(length=200), nullable=True),
+        sa.Column("cordoned_by_healer", sa.Boolean(), nullable=False),
+        sa.Column("expect_unschedulable", sa.Boolean(), nullable=True),
+        sa.Column("drain_started_at", healer.store.types.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("drain_options", sa.JSON(), nullable=True),
+        sa.Column("blocked_step", sa.String(length=32), nullable=True),
+        sa.Column("blocked_reason", sa.Text(), nullable=True),
+        sa.Column("clear_since", healer.store.types.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
             ["node_id"], ["nodes.id"], name=op.f("fk_incidents_node_id_nodes"), ondelete="CASCADE"
         ),
