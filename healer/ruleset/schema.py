@@ -23,15 +23,18 @@ Durations are Prometheus duration strings and are held as seconds (float).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from healer.ruleset.durations import parse_duration
 
 #: Labels tried in order to find the Kubernetes node name of a series (see reference/metrics.md):
 #: dcgm-exporter's ``Hostname`` (``hostname`` in newer sources), then common relabelings.
 DEFAULT_NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "nodename")
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -134,17 +137,35 @@ class Rule(_Strict):
             raise ValueError("expr must not be empty")
         return value.strip()
 
-    @model_validator(mode="after")
-    def _actions_make_sense(self) -> Rule:
-        kinds = [a.kind for a in self.actions]
+    @field_validator("node_labels")
+    @classmethod
+    def _node_labels_are_label_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in value if not _LABEL_NAME.match(name)]
+        if bad:
+            raise ValueError(f"not a Prometheus label name: {', '.join(repr(b) for b in bad)}")
+        return value
+
+    @field_validator("gpu_label")
+    @classmethod
+    def _gpu_label_is_label_name(cls, value: str) -> str:
+        if not _LABEL_NAME.match(value):
+            raise ValueError(f"not a Prometheus label name: {value!r}")
+        return value
+
+    # A field validator (not a model validator) so an error points at the rule's `actions` key;
+    # `kind` is declared before `actions`, so it is in `info.data` when it was valid.
+    @field_validator("actions")
+    @classmethod
+    def _actions_make_sense(cls, actions: list[Any], info: ValidationInfo) -> list[Any]:
+        kinds = [a.kind for a in actions]
         dupes = sorted({k for k in kinds if kinds.count(k) > 1 and k != "ticket"})
         if dupes:
             raise ValueError(f"action(s) listed twice: {', '.join(dupes)}")
         if "drain" in kinds and "quarantine" not in kinds:
             raise ValueError("drain needs quarantine first (a drained node must be cordoned)")
-        if self.kind == "no_data" and set(kinds) - {"notify"}:
+        if info.data.get("kind") == "no_data" and set(kinds) - {"notify"}:
             raise ValueError("a no_data rule may only notify: missing data is not a hardware fault")
-        return self
+        return actions
 
     @property
     def summary(self) -> str:

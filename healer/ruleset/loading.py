@@ -1,0 +1,699 @@
+"""Loading rule files: YAML → :class:`~healer.ruleset.schema.RuleSet`, every problem with its place.
+
+Entry points::
+
+    load_ruleset(paths) -> RuleSet            raises RuleError carrying every RuleProblem
+    validate_rules(paths) -> Validation       never raises for rule problems (CLI, dashboards)
+    reload_ruleset(paths, previous) -> Reload the runner's reload: a bad file keeps ``previous``
+    to_prometheus_rules(ruleset) -> dict      the same rules as a Prometheus alerting rule file
+
+A problem names the file, the 1-based line and column, and the field path, e.g.
+``rules/gpu.yaml:14:9: groups[0].rules[2].for: not a Prometheus duration: '5 minutes'``.
+Checks, all reported at once: YAML syntax, the schema (unknown keys, bad durations, unknown
+actions, empty expressions, wrong types, missing keys, empty node label chains), rule and group
+names duplicated anywhere in the set, and the PromQL and templates as Prometheus itself parses them
+(``promtool check rules``; without promtool a warning says PromQL was not checked).
+
+Loading is pure apart from reading the files and running promtool: it holds no state, so the
+caller decides what to keep when a reload fails (see :func:`reload_ruleset`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.scalarstring import (
+    DoubleQuotedScalarString,
+    LiteralScalarString,
+    SingleQuotedScalarString,
+)
+
+from healer.errors import RuleError
+from healer.ruleset.durations import format_duration
+from healer.ruleset.schema import (
+    ACTION_KINDS,
+    DrainAction,
+    NotifyAction,
+    QuarantineAction,
+    Rule,
+    RuleFile,
+    RuleGroup,
+    RuleSet,
+    TaintAction,
+    TicketAction,
+)
+
+log = logging.getLogger(__name__)
+
+#: File name endings loaded from a directory (not recursive; hidden files are skipped).
+RULE_FILE_SUFFIXES = (".yaml", ".yml")
+
+#: Seconds promtool may take to check the whole set before the check is skipped with a warning.
+PROMTOOL_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class RuleProblem:
+    """One thing wrong in a rule file.
+
+    ``line`` and ``column`` are 1-based (``None`` when the problem concerns the whole file);
+    ``field`` is the path inside the file (``groups[0].rules[2].for``; ``""`` for the file itself).
+    """
+
+    file: str
+    line: int | None
+    column: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe form: ``{file, line, column, field, message}``."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "field": self.field,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class RuleOrigin:
+    """Where a rule is defined: file and 1-based line of its ``name``."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The outcome of checking a set of rule files.
+
+    ``ruleset`` is set only when there is no problem at all (a file that fails is rejected whole,
+    and so is the set). ``warnings`` do not make the set invalid (e.g. promtool absent, a rule
+    without a ``summary`` annotation). ``origins`` maps rule name → where it is defined.
+    """
+
+    files: tuple[str, ...]
+    problems: tuple[RuleProblem, ...]
+    warnings: tuple[str, ...] = ()
+    ruleset: RuleSet | None = None
+    origins: dict[str, RuleOrigin] = field(default_factory=dict)
+    promql_checked: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class Reload:
+    """What a reload gives the runner: the set to run now and, if the files were bad, why.
+
+    ``ruleset`` is the new set when the files are valid, else the ``previous`` one unchanged.
+    """
+
+    ruleset: RuleSet
+    error: RuleError | None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def load_ruleset(paths: Sequence[Path | str], *, promtool: str | bool = True) -> RuleSet:
+    """Load and validate rule files and directories into one :class:`RuleSet`.
+
+    Args:
+        paths: YAML files, or directories whose ``*.yaml``/``*.yml`` files are loaded (sorted by
+            name, not recursive). Problems name the files as given here.
+        promtool: ``True`` = find ``promtool`` on PATH and check PromQL with it (a warning is
+            logged when it is absent); ``False`` = do not check PromQL; a string = that binary.
+
+    Raises:
+        RuleError: with every :class:`RuleProblem` found in the whole set (``.problems``).
+    """
+    result = validate_rules(paths, promtool=promtool)
+    for warning in result.warnings:
+        log.warning("rules: %s", warning)
+    if result.ruleset is None:
+        raise RuleError(list(result.problems))
+    return result.ruleset
+
+
+def reload_ruleset(paths: Sequence[Path | str], previous: RuleSet, *, promtool: str | bool = True) -> Reload:
+    """Reload for a running controller: a bad file never loses the rules that are running.
+
+    Returns the new set, or ``previous`` with the :class:`RuleError` when any file is invalid.
+    """
+    result = validate_rules(paths, promtool=promtool)
+    if result.ruleset is None:
+        return Reload(ruleset=previous, error=RuleError(list(result.problems)), warnings=result.warnings)
+    return Reload(ruleset=result.ruleset, error=None, warnings=result.warnings)
+
+
+def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) -> Validation:
+    """Check rule files and directories; never raises for a problem in them.
+
+    See :func:`load_ruleset` for the arguments. Problems are sorted by file (in load order),
+    line and column.
+    """
+    problems: list[RuleProblem] = []
+    warnings: list[str] = []
+    files = list(_expand(paths, problems))
+    parsed = [_parse_file(f, problems) for f in files]
+    parsed_ok = [p for p in parsed if p is not None]
+
+    origins = _check_duplicates(parsed_ok, problems)
+    promql_checked = False
+    binary = _promtool_binary(promtool)
+    if promtool is False:
+        pass
+    elif binary is None:
+        warnings.append(
+            "promtool not found: PromQL syntax NOT checked (install Debian package 'prometheus' "
+            "or put promtool on PATH)"
+        )
+    else:
+        promql_checked = _check_promql(parsed_ok, binary, problems, warnings)
+
+    for p in parsed_ok:
+        for rule, where in _raw_rules(p):
+            summary = rule.get("annotations", {}) if isinstance(rule.get("annotations"), dict) else {}
+            name = rule.get("name")
+            if isinstance(name, str) and not str(summary.get("summary", "")).strip():
+                warnings.append(f"{p.path}:{where}: rule {name!r} has no 'summary' annotation")
+
+    order = {name: i for i, name in enumerate(files)}
+    problems.sort(key=lambda x: (order.get(x.file, -1), x.line or 0, x.column or 0))
+    ruleset = None
+    if not problems:
+        groups = tuple(g for p in parsed_ok if p.model is not None for g in p.model.groups)
+        ruleset = RuleSet(groups=groups, sources=tuple(files))
+    return Validation(
+        files=tuple(files),
+        problems=tuple(problems),
+        warnings=tuple(warnings),
+        ruleset=ruleset,
+        origins=origins,
+        promql_checked=promql_checked,
+    )
+
+
+def to_prometheus_rules(ruleset: RuleSet) -> dict[str, Any]:
+    """The rule set as a Prometheus alerting rule file (``groups: [{name, interval, rules}]``).
+
+    Each healer rule becomes ``alert: <name>`` with its ``expr``, ``for``, ``keep_firing_for``,
+    ``labels`` and ``annotations``; healer's own keys (actions, node labels) are dropped. Used to
+    let Prometheus evaluate the same expressions (benchmarks, cross-checks).
+    """
+    groups: list[dict[str, Any]] = []
+    for group in ruleset.groups:
+        out: dict[str, Any] = {"name": group.name, "rules": []}
+        if group.interval is not None:
+            out["interval"] = format_duration(group.interval)
+        for rule in group.rules:
+            item: dict[str, Any] = {"alert": rule.name, "expr": rule.expr}
+            if rule.for_:
+                item["for"] = format_duration(rule.for_)
+            if rule.keep_firing_for:
+                item["keep_firing_for"] = format_duration(rule.keep_firing_for)
+            item["labels"] = {"severity": rule.severity, **rule.labels}
+            if rule.annotations:
+                item["annotations"] = dict(rule.annotations)
+            out["rules"].append(item)
+        groups.append(out)
+    return {"groups": groups}
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Parsed:
+    path: str
+    tree: CommentedMap
+    lines: list[str]
+    model: RuleFile | None
+
+
+def _expand(paths: Sequence[Path | str], problems: list[RuleProblem]) -> Iterator[str]:
+    if not paths:
+        problems.append(RuleProblem("(no path)", None, None, "", "no rule file or directory given"))
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(
+                p
+                for p in path.iterdir()
+                if p.is_file() and p.suffix in RULE_FILE_SUFFIXES and not p.name.startswith(".")
+            )
+            if not found:
+                problems.append(
+                    RuleProblem(str(path), None, None, "", "directory holds no *.yaml or *.yml rule file")
+                )
+            candidates = found
+        elif path.is_file():
+            candidates = [path]
+        else:
+            problems.append(RuleProblem(str(path), None, None, "", "no such file or directory"))
+            continue
+        for candidate in candidates:
+            key = candidate.resolve()
+            if key not in seen:  # `rules/ rules/gpu.yaml` loads gpu.yaml once
+                seen.add(key)
+                yield str(candidate)
+
+
+def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(RuleProblem(path, None, None, "", f"cannot read: {exc}"))
+        return None
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True  # to know where a quoted expr's text starts
+    try:
+        tree = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        message = " ".join(s for s in (exc.context, exc.problem) if s) or str(exc)
+        problems.append(
+            RuleProblem(
+                path,
+                mark.line + 1 if mark else None,
+                mark.column + 1 if mark else None,
+                "",
+                f"YAML syntax error: {message}",
+            )
+        )
+        return None
+    except YAMLError as exc:
+        problems.append(RuleProblem(path, None, None, "", f"YAML syntax error: {exc}"))
+        return None
+    if tree is None:
+        problems.append(RuleProblem(path, None, None, "", "empty file: expected a mapping with 'groups'"))
+        return None
+    if not isinstance(tree, CommentedMap):
+        problems.append(
+            RuleProblem(path, 1, 1, "", f"expected a mapping with 'groups', got {_kind_of(tree)}")
+        )
+        return None
+    parsed = _Parsed(path=path, tree=tree, lines=text.splitlines(), model=None)
+    try:
+        parsed.model = RuleFile.model_validate(_plain(tree))
+    except ValidationError as exc:
+        for err in exc.errors():
+            problems.append(_problem_from_pydantic(path, tree, err))
+    return parsed
+
+
+def _plain(node: Any) -> Any:
+    """ruamel's round-trip nodes → plain dict/list/str/int/float/bool for pydantic."""
+    if isinstance(node, dict):
+        return {_plain(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, bool):
+        return bool(node)
+    if isinstance(node, str):
+        return str(node)
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    return node
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing (null)"
+    return f"{type(value).__name__} {_short(value)}"
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(_plain(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- positions --------------------------------------------------------------------------------
+
+
+def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int]:
+    """(field path, 0-based line, 0-based column) of a pydantic error location in the YAML tree.
+
+    Follows keys and list items as far as they exist; a missing key points at the mapping that
+    should hold it. Pydantic's discriminator tag (``drain`` in ``actions[0].drain.timeout``) is
+    kept when the YAML has it as a key (``{drain: {timeout: 1h}}``) and skipped otherwise.
+    """
+    node: Any = tree
+    line, col = tree.lc.line, tree.lc.col
+    parts: list[int | str] = []
+    items = list(loc)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if isinstance(node, CommentedMap) and isinstance(item, str) and item in node:
+            line, col = node.lc.key(item)
+            parts.append(item)
+            node = node[item]
+        elif isinstance(node, CommentedSeq) and isinstance(item, int) and 0 <= item < len(node):
+            line, col = node.lc.item(item)
+            parts.append(item)
+            node = node[item]
+        elif isinstance(node, CommentedMap) and item in ACTION_KINDS and i + 1 < len(items):
+            pass  # a discriminator tag with no YAML key of its own
+        else:
+            parts.extend(x for x in items[i:] if x not in ACTION_KINDS or x is items[-1])
+            break
+        i += 1
+    return _field_path(parts), line, col
+
+
+def _field_path(parts: Iterable[int | str]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+_ACTION_MODELS: dict[str, type[BaseModel]] = {
+    "quarantine": QuarantineAction,
+    "taint": TaintAction,
+    "drain": DrainAction,
+    "ticket": TicketAction,
+    "notify": NotifyAction,
+}
+
+# Keys people carry over from Prometheus rule files, with what healer wants instead.
+_KEY_HINTS = {
+    "alert": "healer names a rule with 'name:' (Prometheus rule files use 'alert:')",
+    "record": "recording rules are not supported: put the expression in 'expr:'",
+}
+
+
+def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The schema model that owns the mapping at ``loc`` (to list its allowed keys)."""
+    names = [x for x in loc if isinstance(x, str)]
+    if names == []:
+        return RuleFile
+    if names == ["groups"]:
+        return RuleGroup
+    if names == ["groups", "rules"]:
+        return Rule
+    if len(names) == 4 and names[:3] == ["groups", "rules", "actions"]:
+        return _ACTION_MODELS.get(names[3])
+    return None
+
+
+def _allowed_keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProblem:
+    loc: tuple[int | str, ...] = tuple(err["loc"])
+    field_path, line, col = _locate(tree, loc)
+    kind = err["type"]
+    msg = str(err["msg"])
+    value = err.get("input")
+    if kind in ("value_error", "assertion_error"):
+        message = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    elif kind == "extra_forbidden":
+        key = str(loc[-1])
+        message = f"unknown key {key!r}"
+        model = _model_at(loc[:-1])
+        if key in _KEY_HINTS and model is Rule:
+            message += f": {_KEY_HINTS[key]}"
+        elif model is not None:
+            allowed = _allowed_keys(model)
+            close = difflib.get_close_matches(key, allowed, n=1)
+            message += f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(allowed)})"
+    elif kind == "missing":
+        message = f"missing required key {loc[-1]!r}"
+    elif kind == "union_tag_invalid":
+        tag = (err.get("ctx") or {}).get("tag", "?")
+        message = f"unknown action {tag!r} (allowed: {', '.join(ACTION_KINDS)})"
+    elif kind == "union_tag_not_found":
+        message = (
+            "an action is a name (quarantine) or a one-key mapping with options "
+            f"({{drain: {{timeout: 1h}}}}); got {_short(value)}"
+        )
+    elif kind in ("too_short",) and (err.get("ctx") or {}).get("min_length") == 1:
+        message = "must not be empty"
+        if loc and loc[-1] == "node_labels":
+            message = "must list at least one label that carries the node name (e.g. Hostname)"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        message = f"expected a mapping, got {_kind_of(value)}"
+    elif kind in ("list_type", "tuple_type"):
+        message = f"expected a list, got {_kind_of(value)}"
+    elif kind == "literal_error":
+        message = f"{msg.replace('Input should be', 'must be')}, not {_short(value)}"
+    else:
+        message = f"{msg} (got {_kind_of(value)})"
+    return RuleProblem(path, line + 1, col + 1, field_path, message)
+
+
+# --- whole-set checks -------------------------------------------------------------------------
+
+
+def _raw_groups(parsed: _Parsed) -> Iterator[tuple[int, CommentedMap]]:
+    groups = parsed.tree.get("groups")
+    if isinstance(groups, CommentedSeq):
+        for i, group in enumerate(groups):
+            if isinstance(group, CommentedMap):
+                yield i, group
+
+
+def _raw_rules(parsed: _Parsed) -> Iterator[tuple[CommentedMap, str]]:
+    """Every rule mapping in the raw tree with its ``line:column`` (1-based)."""
+    for _, group in _raw_groups(parsed):
+        rules = group.get("rules")
+        if isinstance(rules, CommentedSeq):
+            for j, rule in enumerate(rules):
+                if isinstance(rule, CommentedMap):
+                    line, col = rules.lc.item(j)
+                    yield rule, f"{line + 1}:{col + 1}"
+
+
+def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) -> dict[str, RuleOrigin]:
+    """Rule names and group names must be unique across the whole set; returns rule origins."""
+    rules: dict[str, RuleOrigin] = {}
+    groups: dict[str, RuleOrigin] = {}
+    for p in parsed:
+        for i, group in _raw_groups(p):
+            name = group.get("name")
+            if isinstance(name, str):
+                line, col = group.lc.key("name")
+                here = RuleOrigin(p.path, line + 1, col + 1)
+                if name in groups:
+                    problems.append(
+                        RuleProblem(
+                            p.path,
+                            here.line,
+                            here.column,
+                            f"groups[{i}].name",
+                            f"duplicate group name {name!r}: also defined at {groups[name]}",
+                        )
+                    )
+                else:
+                    groups[name] = here
+            raw_rules = group.get("rules")
+            if not isinstance(raw_rules, CommentedSeq):
+                continue
+            for j, rule in enumerate(raw_rules):
+                if not isinstance(rule, CommentedMap) or not isinstance(rule.get("name"), str):
+                    continue
+                name = rule["name"]
+                line, col = rule.lc.key("name")
+                here = RuleOrigin(p.path, line + 1, col + 1)
+                if name in rules:
+                    problems.append(
+                        RuleProblem(
+                            p.path,
+                            here.line,
+                            here.column,
+                            f"groups[{i}].rules[{j}].name",
+                            f"duplicate rule name {name!r}: also defined at {rules[name]}",
+                        )
+                    )
+                else:
+                    rules[name] = here
+    return rules
+
+
+def _promtool_binary(promtool: str | bool) -> str | None:
+    if promtool is False:
+        return None
+    if promtool is True:
+        return shutil.which("promtool")
+    return shutil.which(promtool)
+
+
+@dataclass
+class _ExprRef:
+    parsed: _Parsed
+    rule: CommentedMap
+    field: str  # groups[i].rules[j]
+
+
+_PROMTOOL_LINE = re.compile(r'group "r(?P<index>\d+)", rule \d+, "[^"]*": (?P<message>.+)$')
+_PARSE_POSITION = re.compile(r"^could not parse expression: (?P<line>\d+):(?P<col>\d+): (?P<rest>.+)$")
+_TEMPLATE_FIELD = re.compile(r'^(?P<what>annotation|label) "(?P<key>[^"]+)": (?P<rest>.+)$')
+_GO_TEMPLATE = re.compile(r"^template: __alert_healer_rule:\d+: ")
+
+
+def _check_promql(
+    parsed: Sequence[_Parsed], binary: str, problems: list[RuleProblem], warnings: list[str]
+) -> bool:
+    """Let Prometheus parse every expression and template (``promtool check rules``).
+
+    Each rule becomes one alerting rule in its own group ``r<k>`` of a temporary file, so that
+    promtool's ``group "r<k>"`` names the rule back; its positions inside the expression are
+    mapped to the rule file. Rules whose other fields are broken are still checked, so one pass
+    reports everything. Returns whether the check ran.
+    """
+    refs: list[_ExprRef] = []
+    groups: list[dict[str, Any]] = []
+    for p in parsed:
+        for i, group in _raw_groups(p):
+            raw_rules = group.get("rules")
+            if not isinstance(raw_rules, CommentedSeq):
+                continue
+            for j, rule in enumerate(raw_rules):
+                if not isinstance(rule, CommentedMap):
+                    continue
+                expr = rule.get("expr")
+                if not isinstance(expr, str) or not expr.strip():
+                    continue
+                item: dict[str, Any] = {"alert": "healer_rule", "expr": str(expr)}
+                for key in ("labels", "annotations"):
+                    value = rule.get(key)
+                    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+                        item[key] = {str(k): str(v) for k, v in value.items()}
+                groups.append({"name": f"r{len(refs)}", "rules": [item]})
+                refs.append(_ExprRef(p, rule, f"groups[{i}].rules[{j}]"))
+    if not refs:
+        return True
+    with tempfile.TemporaryDirectory(prefix="healer-promtool-") as tmp:
+        target = Path(tmp) / "rules.yml"
+        dumper = YAML(typ="safe", pure=True)
+        dumper.default_flow_style = False
+        with target.open("w", encoding="utf-8") as fh:
+            dumper.dump({"groups": groups}, fh)
+        try:
+            done = subprocess.run(
+                [binary, "check", "rules", "--lint=none", str(target)],
+                capture_output=True,
+                text=True,
+                timeout=PROMTOOL_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            warnings.append(f"PromQL syntax NOT checked: {binary} failed to run: {exc}")
+            return False
+    if done.returncode == 0:
+        return True
+    output = done.stdout + "\n" + done.stderr
+    mapped = 0
+    for text in output.splitlines():
+        match = _PROMTOOL_LINE.search(text)
+        if not match:
+            continue
+        index = int(match["index"])
+        if index >= len(refs):
+            continue
+        problems.append(_promtool_problem(refs[index], match["message"]))
+        mapped += 1
+    if not mapped:
+        warnings.append(f"PromQL syntax NOT checked: promtool exited {done.returncode}: {output.strip()}")
+        return False
+    return True
+
+
+def _promtool_problem(ref: _ExprRef, message: str) -> RuleProblem:
+    rule, path = ref.rule, ref.parsed.path
+    template = _TEMPLATE_FIELD.match(message)
+    if template:
+        section = "annotations" if template["what"] == "annotation" else "labels"
+        key = template["key"]
+        mapping = rule.get(section)
+        if isinstance(mapping, CommentedMap) and key in mapping:
+            line, col = mapping.lc.key(key)
+        else:
+            line, col = rule.lc.key(section)
+        rest = _GO_TEMPLATE.sub("", template["rest"])
+        return RuleProblem(path, line + 1, col + 1, f"{ref.field}.{section}.{key}", f"template: {rest}")
+    if message.startswith("invalid label name"):
+        line, col = rule.lc.key("labels") if "labels" in rule else rule.lc.key("expr")
+        return RuleProblem(path, line + 1, col + 1, f"{ref.field}.labels", message)
+    position = _PARSE_POSITION.match(message)
+    line, col = rule.lc.key("expr")
+    if position:
+        inner = _position_in_expr(ref, int(position["line"]), int(position["col"]))
+        message = f"PromQL {position['rest']}"
+        if inner is not None:
+            line, col = inner
+        else:
+            message += f" (at {position['line']}:{position['col']} of the expression)"
+    else:
+        message = f"PromQL: {message}"
+    return RuleProblem(path, line + 1, col + 1, f"{ref.field}.expr", message)
+
+
+def _position_in_expr(ref: _ExprRef, expr_line: int, expr_col: int) -> tuple[int, int] | None:
+    """0-based file (line, column) of a 1-based position inside the rule's ``expr`` text.
+
+    Exact for literal blocks (``expr: |``) and one-line scalars; ``None`` (use the key) for folded
+    or multi-line plain scalars, whose text no longer matches the file line for line.
+    """
+    value = ref.rule["expr"]
+    value_line, value_col = ref.rule.lc.value("expr")
+    text_lines = str(value).rstrip("\n").split("\n")
+    if expr_line > len(text_lines):  # "unclosed (" is reported just past the end of the text
+        expr_line, expr_col = len(text_lines), len(text_lines[-1]) + 1
+    if isinstance(value, LiteralScalarString):
+        first = value_line + 1
+        lines = ref.parsed.lines
+        # Content indentation: the first non-blank line of the block.
+        k = first
+        while k < len(lines) and not lines[k].strip():
+            k += 1
+        if k >= len(lines):
+            return None
+        indent = len(lines[k]) - len(lines[k].lstrip(" "))
+        return first + expr_line - 1, indent + expr_col - 1
+    if "\n" in str(value) or expr_line != 1:
+        return None
+    quoted = isinstance(value, DoubleQuotedScalarString | SingleQuotedScalarString)
+    return value_line, value_col + (1 if quoted else 0) + expr_col - 1
