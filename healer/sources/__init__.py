@@ -1,0 +1,1 @@
+"""Metrics sources: the Prometheus adapter (``prometheus``) and the interface the tick uses (``base``)."""
