@@ -57,6 +57,9 @@ def _register() -> None:
     from healer.store import commands as db_commands
 
     app.add_typer(db_commands.app, name="db")
+    from healer.ruleset import commands as rule_commands
+
+    app.add_typer(rule_commands.app, name="rules")
 
 
 _register()

@@ -1,0 +1,191 @@
+"""``healer rules ...``: validate rule files and show the effective rule set.
+
+Exit status: 0 valid, 1 invalid rule files (every problem on stderr, one per line), 2 bad usage or
+settings.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from ruamel.yaml import YAML
+
+from healer.ruleset.durations import format_duration
+from healer.ruleset.loading import Validation, validate_rules
+from healer.ruleset.schema import Rule, RuleGroup, RuleSet
+
+app = typer.Typer(no_args_is_help=True, help="Rule files: validate them, show what they do.")
+
+
+class ValidateFormat(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class ShowFormat(StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+Paths = Annotated[
+    list[Path] | None,
+    typer.Argument(help="Rule files or directories (default: the rules_paths setting).", show_default=False),
+]
+NoPromql = Annotated[
+    bool, typer.Option("--no-promql", help="Do not check PromQL with promtool (schema checks only).")
+]
+
+
+def _validate(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> Validation:
+    from healer.cli import settings_from
+
+    if not paths:
+        paths = list(settings_from(ctx).rules_paths)
+    return validate_rules(paths, promtool=not no_promql)
+
+
+def _summary(v: Validation) -> str:
+    rs = v.ruleset
+    assert rs is not None
+    n_files = len(v.files)
+    return (
+        f"{len(rs.rules)} rule{'s' * (len(rs.rules) != 1)} in {len(rs.groups)} "
+        f"group{'s' * (len(rs.groups) != 1)} from {n_files} file{'s' * (n_files != 1)}"
+    )
+
+
+@app.command()
+def validate(
+    ctx: typer.Context,
+    paths: Paths = None,
+    output: Annotated[
+        ValidateFormat, typer.Option("--format", "-o", help="text, or json for machines.")
+    ] = ValidateFormat.text,
+    no_promql: NoPromql = False,
+) -> None:
+    """Check rule files: every problem with file, line, column and field; exit 1 if any."""
+    v = _validate(ctx, paths, no_promql)
+    if output is ValidateFormat.json:
+        body = {
+            "valid": v.ok,
+            "rules": len(v.ruleset.rules) if v.ruleset else 0,
+            "groups": len(v.ruleset.groups) if v.ruleset else 0,
+            "files": list(v.files),
+            "promql_checked": v.promql_checked,
+            "errors": [p.as_dict() for p in v.problems],
+            "warnings": list(v.warnings),
+        }
+        typer.echo(json.dumps(body, indent=2))
+    else:
+        for warning in v.warnings:
+            typer.echo(f"warning: {warning}", err=True)
+        for problem in v.problems:
+            typer.echo(str(problem), err=True)
+        if v.ok:
+            checked = "" if v.promql_checked else " (PromQL not checked)"
+            typer.echo(f"OK: {_summary(v)}{checked}")
+    if not v.ok:
+        raise typer.Exit(1)
+
+
+def _action_text(action: Any) -> str:
+    options = _action_options(action)
+    if not options:
+        return str(action.kind)
+    return f"{action.kind}({', '.join(f'{k}={v}' for k, v in options.items())})"
+
+
+def _action_options(action: Any) -> dict[str, Any]:
+    """Options that differ from their defaults, durations as Prometheus strings."""
+    out: dict[str, Any] = {}
+    for name, field in type(action).model_fields.items():
+        if name == "kind":
+            continue
+        value = getattr(action, name)
+        if value == field.default:
+            continue
+        out[name] = format_duration(value) if name == "timeout" else value
+    return out
+
+
+def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[str, Any]:
+    return {
+        "group": group.name,
+        "name": rule.name,
+        "interval": format_duration(group.interval or default_interval),
+        "for": format_duration(rule.for_),
+        "keep_firing_for": format_duration(rule.keep_firing_for),
+        "severity": rule.severity,
+        "kind": rule.kind,
+        "node_labels": list(rule.node_labels),
+        "unit": rule.unit,
+        "summary": rule.summary,
+        "actions": [{"kind": a.kind, **_action_options(a)} for a in rule.actions],
+        "expr": rule.expr,
+    }
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    paths: Paths = None,
+    output: Annotated[ShowFormat, typer.Option("--format", "-o", help="table, json or yaml.")] = (
+        ShowFormat.table
+    ),
+    no_promql: NoPromql = False,
+) -> None:
+    """The effective rule set: per rule its group, interval, for, keep_firing_for, severity,
+    actions and expression (interval falls back to scheduler.default_interval_seconds)."""
+    from healer.cli import settings_from
+
+    v = _validate(ctx, paths, no_promql)
+    for warning in v.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    if v.ruleset is None:
+        for problem in v.problems:
+            typer.echo(str(problem), err=True)
+        raise typer.Exit(1)
+    ruleset: RuleSet = v.ruleset
+    default_interval = settings_from(ctx).scheduler.default_interval_seconds
+    records = [_rule_record(g, r, default_interval) for g in ruleset.groups for r in g.rules]
+    if output is ShowFormat.json:
+        typer.echo(json.dumps({"files": list(v.files), "rules": records}, indent=2))
+    elif output is ShowFormat.yaml:
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        yaml.width = 4096  # keep one-line summaries on one line
+        buf = io.StringIO()
+        yaml.dump({"files": list(v.files), "rules": records}, buf)
+        typer.echo(buf.getvalue(), nl=False)
+    else:
+        rows = [["GROUP", "RULE", "INTERVAL", "FOR", "KEEP", "SEVERITY", "ACTIONS", "EXPR"]]
+        for g in ruleset.groups:
+            for r in g.rules:
+                rec = _rule_record(g, r, default_interval)
+                expr = " ".join(r.expr.split())
+                rows.append(
+                    [
+                        g.name,
+                        r.name,
+                        rec["interval"],
+                        rec["for"],
+                        rec["keep_firing_for"],
+                        r.severity + (" (no data)" if r.kind == "no_data" else ""),
+                        ", ".join(_action_text(a) for a in r.actions) or "-",
+                        expr,
+                    ]
+                )
+        typer.echo(_table(rows))
+        typer.echo(f"\n{_summary(v)}")
