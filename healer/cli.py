@@ -60,6 +60,9 @@ def _register() -> None:
     from healer.ruleset import commands as rule_commands
 
     app.add_typer(rule_commands.app, name="rules")
+    from healer.simulator import commands as simulator_commands
+
+    simulator_commands.register(app)
 
 
 _register()

@@ -1,0 +1,87 @@
+"""``healer simulate``: serve a simulated GPU fleet for Prometheus to scrape."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from healer.simulator.fleet import Fleet, FleetConfig, LabelStyle
+from healer.simulator.scenario import Scenario, ScenarioError, load_scenario
+from healer.simulator.server import ElapsedClock, SimulatorServer
+
+
+def simulate(
+    nodes: Annotated[int, typer.Option(min=1, max=100_000, help="Nodes (8 GPUs, 8 HCAs each).")] = 64,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port of the HTTP server (0 = any).")] = 9400,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    scenario: Annotated[
+        str | None,
+        typer.Option(help="Scenario YAML file or a packaged scenario's name ('demo'); none = healthy."),
+    ] = None,
+    label_style: Annotated[
+        LabelStyle,
+        typer.Option(
+            "--label-style",
+            case_sensitive=True,
+            help="Hostname | hostname (newest exporter) | node (relabeled target label) | exported "
+            "(ServiceMonitor exported_pod/...).",
+        ),
+    ] = LabelStyle.HOSTNAME,
+    seed: Annotated[int, typer.Option(help="Seed of identities, baselines and noise.")] = 0,
+    file_sd: Annotated[
+        Path | None, typer.Option("--file-sd", dir_okay=False, help="Write Prometheus file_sd JSON here.")
+    ] = None,
+    advertise: Annotated[
+        str | None, typer.Option(help="host:port put in the targets (default: the listening address).")
+    ] = None,
+    speed: Annotated[float, typer.Option(min=0.001, help="Scenario time runs this many times faster.")] = 1.0,
+    idle_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of idle nodes.")] = 0.05,
+) -> None:
+    """Serve dcgm-exporter and node_exporter scrapes for a simulated fleet, with scripted faults."""
+    try:
+        loaded = load_scenario(scenario) if scenario else Scenario()
+        fleet = Fleet(
+            FleetConfig(nodes=nodes, seed=seed, label_style=label_style, idle_fraction=idle_fraction), loaded
+        )
+    except ScenarioError as exc:
+        typer.echo(f"error: invalid scenario\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        clock = ElapsedClock(speed=speed)
+        server = SimulatorServer(fleet, clock=clock, host=host, port=port, advertise=advertise)
+    except OSError as exc:
+        typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from exc
+    if file_sd is not None:
+        server.write_file_sd(file_sd)
+    first = fleet.node_names[0]
+    typer.echo(
+        f"simulating {nodes} nodes ({label_style} labels, seed {seed}, "
+        f"{len(loaded.faults)} faults{f' from {scenario}' if scenario else ''})\n"
+        f"  {server.url}/nodes/{first}/dcgm/metrics\n"
+        f"  {server.url}/nodes/{first}/node/metrics\n"
+        f"  {server.url}/targets (http_sd)  {server.url}/status"
+        + (f"\n  file_sd written to {file_sd}" if file_sd else "")
+    )
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``simulate`` to the root ``healer`` command."""
+    app.command("simulate")(simulate)

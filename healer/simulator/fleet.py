@@ -1,0 +1,420 @@
+"""A simulated GPU fleet: N nodes x 8 GPUs x 8 HCAs, rendered as dcgm-exporter and node_exporter scrapes.
+
+:class:`Fleet` owns the node identities (names ``gpu-node-00``, GPU UUIDs, PCI bus ids, the training
+pod on each node), one :class:`~healer.simulator.model.NodeModel` per node for the values, and the
+text templates. Rendering a scrape is one ``str.format`` call on a per-node template in which every
+label string was written once, at the node's first scrape; only the values are formatted per scrape.
+
+Label styles (:class:`LabelStyle`), the variants a rule's node-label chain must survive
+(``reference/metrics.md``):
+
+* ``Hostname``: dcgm series carry ``Hostname="<node>"`` (exporter with ``NODE_NAME``; current releases).
+* ``hostname``: the same under ``hostname`` (the newest exporter source).
+* ``node``: ``Hostname`` holds the exporter's POD name (older setups); the node name reaches the series
+  only through the target label ``node`` (a relabeling of ``__meta_kubernetes_pod_node_name``).
+* ``exported``: a ServiceMonitor setup with ``honor_labels: false``: the targets carry the exporter's
+  own ``pod``/``namespace``/``container``/``service``/``endpoint``, so Prometheus renames the
+  workload's labels in the scrape to ``exported_pod``/``exported_namespace``/``exported_container``.
+  The exposition itself is unchanged: the exporter never writes ``exported_*``.
+
+InfiniBand series have no node label of their own: node_exporter targets always carry ``node=<name>``.
+Every target sets ``instance`` like Kubernetes would (``podIP:9400`` for dcgm-exporter, ``nodeIP:9100``
+for node_exporter), and ``job`` (``dcgm-exporter``, ``node-exporter``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from healer.simulator import catalog as c
+from healer.simulator.exposition import escape_label_value, family_header, go_float, label_pairs
+from healer.simulator.model import NodeModel, noise_table
+from healer.simulator.scenario import Fault, Scenario, ScenarioError
+
+ExporterName = Literal["dcgm", "node"]
+EXPORTERS: tuple[ExporterName, ...] = ("dcgm", "node")
+
+#: Alphabet of Kubernetes' random name suffixes (no vowels, no look-alikes).
+_K8S_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
+
+
+class LabelStyle(StrEnum):
+    """How the node name reaches a series (see the module docstring)."""
+
+    HOSTNAME = "Hostname"
+    HOSTNAME_LOWER = "hostname"
+    NODE = "node"
+    EXPORTED = "exported"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Shape of the simulated fleet.
+
+    ``nodes`` nodes named ``<node_prefix><index:02d>`` (``gpu-node-00`` ...), each with ``gpus`` GPUs
+    (1..8, an HGX board) and ``hcas`` InfiniBand HCAs (``mlx5_0``...). ``idle_fraction`` of the nodes
+    (drawn from ``seed``) run no workload. ``seed`` fixes identities, baselines and noise.
+
+    Raises (on construction):
+        ValueError: a count out of range.
+    """
+
+    nodes: int = 64
+    gpus: int = 8
+    hcas: int = 8
+    seed: int = 0
+    label_style: LabelStyle = LabelStyle.HOSTNAME
+    idle_fraction: float = 0.05
+    node_prefix: str = "gpu-node-"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.nodes <= 100_000:
+            raise ValueError(f"nodes must be 1..100000, got {self.nodes}")
+        if not 1 <= self.gpus <= len(c.PCI_BUS_IDS):
+            raise ValueError(f"gpus must be 1..{len(c.PCI_BUS_IDS)}, got {self.gpus}")
+        if not 0 <= self.hcas <= 32:
+            raise ValueError(f"hcas must be 0..32, got {self.hcas}")
+        if not 0.0 <= self.idle_fraction <= 1.0:
+            raise ValueError(f"idle_fraction must be 0..1, got {self.idle_fraction}")
+        object.__setattr__(self, "label_style", LabelStyle(self.label_style))
+
+    def node_name(self, index: int) -> str:
+        """Name of node ``index`` (``gpu-node-07``)."""
+        return f"{self.node_prefix}{index:02d}"
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One answer of a simulated endpoint: ``failure`` is None (``body`` is the exposition text),
+    ``http_503`` or ``connection_close``."""
+
+    body: str
+    failure: Literal["http_503", "connection_close"] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def _suffix(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(_K8S_SUFFIX) for _ in range(n))
+
+
+def _gpu_uuid(rng: random.Random) -> str:
+    a, b, c_, d, e = (rng.getrandbits(bits) for bits in (32, 16, 16, 16, 48))
+    return f"GPU-{a:08x}-{b:04x}-{c_:04x}-{d:04x}-{e:012x}"
+
+
+def _brace_escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+@dataclass
+class _Node:
+    index: int
+    name: str
+    model: NodeModel
+    pod: str | None
+    dcgm_pod: str
+    node_exporter_pod: str
+    uuids: tuple[str, ...]
+    templates: dict[tuple[int, ...], str]
+
+
+class Fleet:
+    """The simulated fleet: identities, values over time, and the rendered scrapes.
+
+    Thread-safe for concurrent :meth:`scrape` calls (state is immutable; the template cache only grows).
+
+    Args:
+        config: shape, seed and label style.
+        scenario: the faults to inject; checked against the fleet.
+
+    Raises:
+        ScenarioError: a fault names a node, GPU or HCA the fleet does not have (every one listed).
+    """
+
+    def __init__(self, config: FleetConfig | None = None, scenario: Scenario | None = None) -> None:
+        self.config = config or FleetConfig()
+        self.scenario = scenario or Scenario()
+        cfg = self.config
+        names = [cfg.node_name(i) for i in range(cfg.nodes)]
+        self._by_name: dict[str, int] = {n: i for i, n in enumerate(names)}
+        per_node = self._bind(self.scenario)
+        table = noise_table(cfg.seed)
+        rng = random.Random(f"healer-simulator-fleet:{cfg.seed}")
+        idle = {i for i in range(cfg.nodes) if rng.random() < cfg.idle_fraction}
+        self._nodes: list[_Node] = []
+        for i, name in enumerate(names):
+            node_rng = random.Random(f"healer-simulator-identity:{cfg.seed}:{i}")
+            uuids = tuple(_gpu_uuid(node_rng) for _ in range(cfg.gpus))
+            model = NodeModel.build(
+                seed=cfg.seed,
+                index=i,
+                gpus=cfg.gpus,
+                hcas=cfg.hcas,
+                idle=i in idle,
+                table=table,
+                faults=per_node.get(i, ()),
+            )
+            self._nodes.append(
+                _Node(
+                    index=i,
+                    name=name,
+                    model=model,
+                    pod=None if i in idle else f"llm-train-{i // 8}-worker-{i % 8}",
+                    dcgm_pod=f"nvidia-dcgm-exporter-{_suffix(node_rng, 5)}",
+                    node_exporter_pod=f"node-exporter-{_suffix(node_rng, 5)}",
+                    uuids=uuids,
+                    templates={},
+                )
+            )
+        self._ib_template = self._build_ib_template()
+
+    def _bind(self, scenario: Scenario) -> dict[int, list[Fault]]:
+        cfg = self.config
+        problems: list[str] = []
+        per_node: dict[int, list[Fault]] = {}
+        span = f"{cfg.node_name(0)}..{cfg.node_name(cfg.nodes - 1)}"
+        for i, fault in enumerate(scenario.faults):
+            where = scenario.where(i)
+            index = self._by_name.get(fault.node)
+            if index is None:
+                problems.append(
+                    f"{where}: faults[{i}].node: {fault.node!r} is not in the fleet "
+                    f"of {cfg.nodes} nodes ({span})"
+                )
+                continue
+            gpu = getattr(fault, "gpu", None)
+            if gpu is not None and gpu >= cfg.gpus:
+                problems.append(f"{where}: faults[{i}].gpu: {gpu} but nodes have GPUs 0..{cfg.gpus - 1}")
+                continue
+            hca = getattr(fault, "hca", None)
+            if hca is not None and int(hca[5:]) >= cfg.hcas:
+                problems.append(f"{where}: faults[{i}].hca: {hca} but nodes have mlx5_0..mlx5_{cfg.hcas - 1}")
+                continue
+            per_node.setdefault(index, []).append(fault)
+        if problems:
+            raise ScenarioError(problems)
+        return per_node
+
+    # --- identities -----------------------------------------------------------------------------
+
+    @property
+    def node_names(self) -> list[str]:
+        """Every node name, in index order."""
+        return [n.name for n in self._nodes]
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._by_name
+
+    def is_idle(self, node: str) -> bool:
+        """True when ``node`` runs no workload (idle GPUs: clock event bit 0x1, no pod labels)."""
+        return self._node(node).model.idle
+
+    def workload_pod(self, node: str) -> str | None:
+        """The pod holding ``node``'s GPUs (``pod`` label), None on an idle node."""
+        return self._node(node).pod
+
+    def gpu_uuid(self, node: str, gpu: int) -> str:
+        """The ``UUID`` label of GPU ``gpu`` on ``node``."""
+        return self._node(node).uuids[gpu]
+
+    def exporter_pod(self, node: str, exporter: ExporterName) -> str:
+        """Name of the exporter pod serving ``node`` (``nvidia-dcgm-exporter-x7k2p``)."""
+        n = self._node(node)
+        return n.dcgm_pod if exporter == "dcgm" else n.node_exporter_pod
+
+    def _node(self, node: str) -> _Node:
+        try:
+            return self._nodes[self._by_name[node]]
+        except KeyError:
+            raise KeyError(f"no node {node!r} in the simulated fleet") from None
+
+    # --- values ---------------------------------------------------------------------------------
+
+    def model(self, node: str) -> NodeModel:
+        """The value model of ``node`` (pure functions of the elapsed time)."""
+        return self._node(node).model
+
+    def scrape(self, node: str, exporter: ExporterName, t: float) -> Scrape:
+        """What ``exporter`` on ``node`` answers at ``t`` seconds into the run.
+
+        Raises:
+            KeyError: no such node.
+        """
+        n = self._node(node)
+        failure = n.model.failure(exporter, t)
+        if failure is not None:
+            return Scrape(body="", failure=failure)  # type: ignore[arg-type]
+        return Scrape(body=self.render_dcgm(node, t) if exporter == "dcgm" else self.render_node(node, t))
+
+    def render_dcgm(self, node: str, t: float) -> str:
+        """dcgm-exporter's exposition text for ``node`` at ``t`` (ignores exporter faults)."""
+        n = self._node(node)
+        sample = n.model.gpu_values(t)
+        present = sample.present
+        template = n.templates.get(present)
+        if template is None:
+            template = n.templates[present] = self._build_dcgm_template(n, present)
+        values = sample.values
+        args: list[object] = []
+        full = len(present) == self.config.gpus
+        for fam in c.DCGM_FAMILIES:
+            if fam.name == c.XID_FAMILY:
+                for g in present:
+                    code = sample.xid[g]
+                    args += (code, escape_label_value(c.xid_message(code)), code)
+            elif full:
+                args += values[fam.name]
+            else:
+                vals = values[fam.name]
+                args += [vals[g] for g in present]
+        return template.format(*args)
+
+    def render_node(self, node: str, t: float) -> str:
+        """node_exporter's InfiniBand exposition text for ``node`` at ``t`` (ignores exporter faults)."""
+        values = self._node(node).model.ib_values(t)
+        args: list[str] = []
+        for fam in c.IB_FAMILIES:
+            args += [go_float(v) for v in values[fam.name]]
+        return self._ib_template.format(*args)
+
+    # --- templates ------------------------------------------------------------------------------
+
+    def _gpu_labels(self, n: _Node, g: int) -> tuple[str, str]:
+        """(head, tail) label pairs of GPU ``g``: the XID family puts err_code/err_msg in between."""
+        style = self.config.label_style
+        host_key = "hostname" if style is LabelStyle.HOSTNAME_LOWER else "Hostname"
+        host_value = n.dcgm_pod if style is LabelStyle.NODE else n.name
+        head = label_pairs(
+            [
+                ("gpu", str(g)),
+                ("UUID", n.uuids[g]),
+                ("pci_bus_id", c.PCI_BUS_IDS[g]),
+                ("device", f"nvidia{g}"),
+                ("modelName", c.GPU_MODEL),
+                (host_key, host_value),
+                ("DCGM_FI_DRIVER_VERSION", c.DRIVER_VERSION),
+            ]
+        )
+        tail = ""
+        if n.pod is not None:
+            tail = "," + label_pairs([("container", "trainer"), ("namespace", "ml"), ("pod", n.pod)])
+        return head, tail
+
+    def _build_dcgm_template(self, n: _Node, present: tuple[int, ...]) -> str:
+        labels = {g: tuple(_brace_escape(p) for p in self._gpu_labels(n, g)) for g in present}
+        parts: list[str] = []
+        for fam in c.DCGM_FAMILIES:
+            parts.append(_brace_escape(family_header(fam.name, fam.help, fam.type)))
+            spec = "{:" + fam.fmt + "}"
+            for g in present:
+                head, tail = labels[g]
+                if fam.name == c.XID_FAMILY:
+                    parts.append(f'{fam.name}{{{{{head},err_code="{{}}",err_msg="{{}}"{tail}}}}} {{:d}}\n')
+                else:
+                    parts.append(f"{fam.name}{{{{{head}{tail}}}}} {spec}\n")
+        return "".join(parts)
+
+    def _build_ib_template(self) -> str:
+        hcas = [f"mlx5_{h}" for h in range(self.config.hcas)]
+        blocks: list[tuple[str, str]] = []
+        for fam in c.IB_FAMILIES:
+            lines = "".join(
+                f"{fam.name}{{{{{_brace_escape(label_pairs([('device', d), ('port', '1')]))}}}}} {{}}\n"
+                for d in hcas
+            )
+            blocks.append((fam.name, _brace_escape(family_header(fam.name, fam.help, fam.type)) + lines))
+        info_lines = "".join(
+            "{}{{{}}} 1\n".format(
+                c.INFO_FAMILY,
+                label_pairs(
+                    [
+                        ("board_id", c.HCA_BOARD_ID),
+                        ("device", d),
+                        ("firmware_version", c.HCA_FIRMWARE),
+                        ("hca_type", c.HCA_TYPE),
+                    ]
+                ),
+            )
+            for d in hcas
+        )
+        info = family_header(c.INFO_FAMILY, c.INFO_HELP, "gauge") + info_lines
+        blocks.append((c.INFO_FAMILY, _brace_escape(info)))
+        # client_golang prints families sorted by name; the info family has no placeholders.
+        return "".join(text for _, text in sorted(blocks))
+
+    # --- service discovery ----------------------------------------------------------------------
+
+    def target_labels(self, node: str, exporter: ExporterName) -> dict[str, str]:
+        """Target labels of ``node``'s ``exporter`` as service discovery and relabeling would set them
+        (``job``, ``instance``, and per label style ``node`` or the ServiceMonitor's ``pod``...)."""
+        n = self._node(node)
+        i = n.index
+        style = self.config.label_style
+        if exporter == "dcgm":
+            labels = {"job": "dcgm-exporter", "instance": f"10.244.{i // 256}.{i % 256}:9400"}
+            if style is LabelStyle.NODE:
+                labels["node"] = n.name
+            if style is LabelStyle.EXPORTED:
+                labels.update(
+                    namespace="gpu-operator",
+                    pod=n.dcgm_pod,
+                    container="nvidia-dcgm-exporter",
+                    service="nvidia-dcgm-exporter",
+                    endpoint="gpu-metrics",
+                )
+            return labels
+        labels = {"job": "node-exporter", "instance": f"10.0.{i // 256}.{i % 256}:9100", "node": n.name}
+        if style is LabelStyle.EXPORTED:
+            labels.update(
+                namespace="monitoring",
+                pod=n.node_exporter_pod,
+                container="node-exporter",
+                service="node-exporter",
+                endpoint="metrics",
+            )
+        return labels
+
+    @staticmethod
+    def metrics_path(node: str, exporter: ExporterName) -> str:
+        """URL path of ``node``'s ``exporter`` on the simulator server."""
+        return f"/nodes/{node}/{exporter}/metrics"
+
+    def targets(self, address: str, nodes: list[str] | None = None) -> list[dict[str, Any]]:
+        """Prometheus ``http_sd_config`` / ``file_sd_config`` target groups, one per node and exporter.
+
+        ``address`` is the simulator's ``host:port``; each group sets ``__metrics_path__`` and the
+        :meth:`target_labels`. Shape: ``[{"targets": ["host:port"], "labels": {...}}, ...]``.
+        """
+        groups = []
+        for name in nodes if nodes is not None else self.node_names:
+            for exporter in EXPORTERS:
+                labels = {"__metrics_path__": self.metrics_path(name, exporter)}
+                labels.update(self.target_labels(name, exporter))
+                groups.append({"targets": [address], "labels": labels})
+        return groups
+
+    def write_file_sd(self, path: Path | str, *, address: str) -> Path:
+        """Write :meth:`targets` as a ``file_sd_configs`` JSON file, atomically (Prometheus watches it).
+
+        Returns the path written. Raises OSError when the directory is not writable.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".sd-", suffix=".json", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(self.targets(address), fh, indent=1)
+        os.replace(tmp, target)
+        return target
