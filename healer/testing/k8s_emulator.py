@@ -350,7 +350,7 @@ def _split_label_selector(selector: str) -> list[str]:
 
 
 def match_label_selector_string(labels: dict[str, str], selector: str) -> bool:
-    """The ``labelSelector`` query syntax: ``a=b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``."""
+    """``labelSelector`` syntax: ``a=b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``."""
     for term in _split_label_selector(selector):
         m = _SET_TERM.match(term)
         if m:
@@ -589,11 +589,21 @@ class KubernetesEmulator:
             once, Running, on another schedulable node (as its controller and the scheduler
             would), so PodDisruptionBudgets let the next eviction through. Off: the evicted
             replica keeps counting as expected-but-unhealthy until :meth:`reschedule_evicted`.
+        emulate_kubelet: a pod created through the API is bound to the first schedulable node
+            (if it names none) and reported Running and Ready at once; off: it stays Pending.
         port: TCP port, 0 = any free port.
     """
 
-    def __init__(self, *, terminating_seconds: float = 0.0, auto_reschedule: bool = False, port: int = 0):
+    def __init__(
+        self,
+        *,
+        terminating_seconds: float = 0.0,
+        auto_reschedule: bool = False,
+        emulate_kubelet: bool = True,
+        port: int = 0,
+    ):
         self.terminating_seconds = terminating_seconds
+        self.emulate_kubelet = emulate_kubelet
         self.auto_reschedule = auto_reschedule
         self._port = port
         self._lock = threading.RLock()
@@ -831,6 +841,25 @@ class KubernetesEmulator:
             ],
         }
 
+    def _schedule_and_run(self, obj: Obj) -> None:
+        """What the scheduler and the kubelet would do, at once: bind to the first schedulable
+        node (by name) when unbound, then report Running and Ready."""
+        spec = obj.setdefault("spec", {})
+        if not spec.get("nodeName"):
+            schedulable = sorted(
+                n["metadata"]["name"]
+                for n in self._store[("v1", "nodes")].values()
+                if not n.get("spec", {}).get("unschedulable")
+            )
+            if not schedulable:
+                return
+            spec["nodeName"] = schedulable[0]
+        obj["status"] = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "startTime": _now_iso(),
+        }
+
     def _recreate(self, ghost: Obj, node_name: str) -> str:
         fresh = copy.deepcopy(ghost)
         meta = fresh["metadata"]
@@ -1057,6 +1086,8 @@ class KubernetesEmulator:
             obj.setdefault("status", {"phase": "Active"})
         if res.kind == "Pod":
             obj.setdefault("status", {"phase": "Pending"})
+            if self.emulate_kubelet:
+                self._schedule_and_run(obj)
         table[key] = obj
         return copy.deepcopy(self._with_status(res, obj)) or {}
 

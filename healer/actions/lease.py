@@ -1,0 +1,180 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease: only the leader acts.
+
+The algorithm is client-go's ``leaderelection.tryAcquireOrRenew`` (kubernetes/client-go
+``tools/leaderelection``), with time passed in:
+
+* no Lease → create it holding it (a 409 AlreadyExists means another replica was faster);
+* held by someone else and ``renewTime + leaseDurationSeconds`` is still ahead → not leader;
+* ours → renew ``renewTime``; expired or released (empty holder) → take over (``acquireTime``,
+  ``leaseTransitions + 1``);
+* every update is a ``PUT`` carrying the ``resourceVersion`` read: a 409 Conflict means another
+  replica wrote first, so this one is not leader.
+
+Expiry compares the holder's ``renewTime`` with this replica's ``now``: replicas' clocks must agree
+to well within ``lease_duration_seconds`` (NTP), as for any Lease-based election.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from kubernetes import client as k8s
+
+from healer.actions.apierrors import api_call
+from healer.config import KubernetesSettings
+from healer.errors import KubernetesConflict, KubernetesError, KubernetesNotFound
+
+log = logging.getLogger(__name__)
+
+
+class LeaderElector:
+    """One replica's view of the Lease ``settings.namespace/settings.lease_name``.
+
+    Call :meth:`try_acquire_or_renew` every ``renew_interval_seconds``; act only while it returned
+    True and :meth:`still_leader` holds; call :meth:`release` on shutdown so a successor need not
+    wait for the lease to expire.
+
+    Args:
+        identity: unique per replica (the pod name), stored as ``holderIdentity``.
+        clock: aware-UTC ``now`` for :meth:`release` when none is passed (the composition root's).
+    """
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        settings: KubernetesSettings,
+        *,
+        identity: str,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.clock = clock
+        self.api = k8s.CoordinationV1Api(api_client)
+        self.namespace = settings.namespace
+        self.name = settings.lease_name
+        self.duration_seconds = settings.lease_duration_seconds
+        self.identity = identity
+        self._timeout = settings.request_timeout_seconds
+        self._leader = False
+        self._renewed_at: datetime | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        """The last :meth:`try_acquire_or_renew` won the Lease."""
+        return self._leader
+
+    def still_leader(self, now: datetime) -> bool:
+        """Leader and the last successful renewal has not expired at ``now`` (check before acting)."""
+        return (
+            self._leader
+            and self._renewed_at is not None
+            and now < self._renewed_at + timedelta(seconds=self.duration_seconds)
+        )
+
+    def _lose(self, why: str) -> bool:
+        if self._leader:
+            log.warning("lease %s/%s: %s lost leadership: %s", self.namespace, self.name, self.identity, why)
+        self._leader = False
+        return False
+
+    def _win(self, now: datetime) -> bool:
+        if not self._leader:
+            log.info("lease %s/%s: %s is the leader", self.namespace, self.name, self.identity)
+        self._leader = True
+        self._renewed_at = now
+        return True
+
+    def try_acquire_or_renew(self, now: datetime) -> bool:
+        """Acquire, renew or take over the Lease at ``now`` (aware UTC); True = this replica leads.
+
+        API failures (other than the 409 of losing a race) count as not leading this round: a
+        leader that cannot renew stops acting rather than risk two actors.
+        """
+        try:
+            return self._try(now)
+        except KubernetesConflict:
+            return self._lose("another replica updated the Lease first (409)")
+        except KubernetesError as exc:
+            return self._lose(f"Lease API error: {exc}")
+
+    def _read(self) -> k8s.V1Lease:
+        with api_call(f"read lease {self.namespace}/{self.name}"):
+            return self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
+
+    def _replace(self, body: k8s.V1Lease, what: str) -> None:
+        with api_call(f"{what} lease {self.namespace}/{self.name}"):
+            self.api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=self._timeout)
+
+    def _try(self, now: datetime) -> bool:
+        try:
+            lease = self._read()
+        except KubernetesNotFound:
+            body = k8s.V1Lease(
+                metadata=k8s.V1ObjectMeta(name=self.name, namespace=self.namespace),
+                spec=k8s.V1LeaseSpec(
+                    holder_identity=self.identity,
+                    lease_duration_seconds=self.duration_seconds,
+                    acquire_time=now,
+                    renew_time=now,
+                    lease_transitions=0,
+                ),
+            )
+            with api_call(f"create lease {self.namespace}/{self.name}"):
+                self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout)
+            return self._win(now)
+        spec = lease.spec or k8s.V1LeaseSpec()
+        holder = spec.holder_identity or ""
+        if holder and holder != self.identity:
+            renewed = spec.renew_time or spec.acquire_time
+            duration = spec.lease_duration_seconds or self.duration_seconds
+            if renewed is not None and now < renewed + timedelta(seconds=duration):
+                return self._lose(f"held by {holder}")
+        if holder == self.identity:
+            new_spec = k8s.V1LeaseSpec(
+                holder_identity=self.identity,
+                lease_duration_seconds=self.duration_seconds,
+                acquire_time=spec.acquire_time or now,
+                renew_time=now,
+                lease_transitions=spec.lease_transitions or 0,
+            )
+        else:
+            new_spec = k8s.V1LeaseSpec(
+                holder_identity=self.identity,
+                lease_duration_seconds=self.duration_seconds,
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=(spec.lease_transitions or 0) + (1 if holder else 0),
+            )
+        body = k8s.V1Lease(
+            metadata=k8s.V1ObjectMeta(
+                name=self.name, namespace=self.namespace, resource_version=lease.metadata.resource_version
+            ),
+            spec=new_spec,
+        )
+        self._replace(body, "update")
+        return self._win(now)
+
+    def release(self, now: datetime | None = None) -> None:
+        """Give the Lease up (clear ``holderIdentity``) if this replica holds it; errors are logged,
+        not raised (the Lease then simply expires)."""
+        now = now or self.clock()
+        was_leader, self._leader = self._leader, False
+        if not was_leader:
+            return
+        try:
+            lease = self._read()
+            if (lease.spec.holder_identity if lease.spec else None) != self.identity:
+                return
+            # client-go's release: empty holder, 1 s duration, so the next candidate takes it at once.
+            lease.spec = k8s.V1LeaseSpec(
+                holder_identity=None,
+                lease_duration_seconds=1,
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=lease.spec.lease_transitions or 0,
+            )
+            self._replace(lease, "release")
+            log.info("lease %s/%s: %s released leadership", self.namespace, self.name, self.identity)
+        except KubernetesError as exc:
+            log.warning("lease %s/%s: release failed (it will expire): %s", self.namespace, self.name, exc)
