@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from ruamel.yaml import YAML
+from ruamel.yaml.scalarstring import LiteralScalarString
 
 from healer.ruleset.durations import format_duration
 from healer.ruleset.loading import Validation, validate_rules
@@ -163,9 +164,11 @@ def show(
     if output is ShowFormat.json:
         typer.echo(json.dumps({"files": list(v.files), "rules": records}, indent=2))
     elif output is ShowFormat.yaml:
-        yaml = YAML(typ="safe", pure=True)
-        yaml.default_flow_style = False
+        yaml = YAML(typ="rt")  # keeps the record's key order
         yaml.width = 4096  # keep one-line summaries on one line
+        for rec in records:
+            if "\n" in rec["expr"]:
+                rec["expr"] = LiteralScalarString(rec["expr"] + "\n")
         buf = io.StringIO()
         yaml.dump({"files": list(v.files), "rules": records}, buf)
         typer.echo(buf.getvalue(), nl=False)
