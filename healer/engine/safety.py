@@ -1,0 +1,254 @@
+"""Safety: approve or refuse each step the lifecycle wants. Pure, table-driven, time passed in.
+
+A step is judged by :data:`CHECKS`, in order; the first check that applies refuses it:
+
+====================  ==============================  =====================================  =======
+reason                step kinds it refuses           when                                   outcome
+====================  ==============================  =====================================  =======
+``opt-out``           every step that touches a node  the node carries the opt-out label     hold
+``paused``            quarantine, drain, ticket       an operator paused healer              hold
+``maintenance``       quarantine, drain               a maintenance window of the pool       hold
+``breaker``           new quarantine                  the circuit breaker is tripped         blocked
+``budget``            new quarantine                  the pool's budget is used up           blocked
+====================  ==============================  =====================================  =======
+
+*hold*: the node stays where it is and the refusal is recorded; *blocked*: the node moves to
+``blocked`` with the reason, and is re-evaluated against fresh findings every tick (never replayed).
+A "new quarantine" takes a node out of service that does not count against its pool yet.
+
+The budget (Cluster API MachineHealthCheck ``maxUnhealthy``, medik8s ``maxUnhealthy``) caps the
+nodes of a pool out of service at once: ``max_unhealthy`` nodes and ``max_unhealthy_percent`` of
+the pool, rounded down as Cluster API does, whichever is smaller. Nodes already out of service
+(quarantined ... validating, or blocked with a cordon on) and quarantines approved earlier in the
+same tick count.
+
+The circuit breaker (NVSentinel's: % of the fleet within a sliding window, plus an absolute count)
+trips when more than ``breaker_nodes`` nodes, or more than ``breaker_percent`` % of the fleet,
+turned bad (a quarantining rule started firing) within ``breaker_window_seconds``. An exporter bug
+or a cooling failure looks like that, and cordoning half a cluster makes it worse. It holds until a
+human resets it (``healer breaker reset``); nodes that turned bad before the reset do not trip it
+again, so the reset re-evaluates them one by one against the budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, time, timedelta
+from enum import StrEnum
+
+from healer.config import MaintenanceWindow, SafetySettings
+from healer.engine.lifecycle import StepKind
+
+_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+class Refusal(StrEnum):
+    """Why a step was refused (the ``actions.error`` of a refused action)."""
+
+    OPT_OUT = "opt-out"
+    PAUSED = "paused"
+    MAINTENANCE = "maintenance"
+    BREAKER = "breaker"
+    BUDGET = "budget"
+
+
+@dataclass(frozen=True)
+class Request:
+    """A wanted step on one node: its kind, the node's pool, and whether it counts already."""
+
+    node: str
+    kind: StepKind
+    pool: str = "default"
+    opted_out: bool = False
+    already_out: bool = False  # the node already counts against its pool (no new budget slot)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one :class:`Request`; ``reason`` is None when approved."""
+
+    approved: bool
+    reason: Refusal | None = None
+    message: str = ""
+    blocks: bool = False  # a refusal that moves the node to ``blocked`` (budget, breaker)
+
+
+@dataclass(frozen=True)
+class PoolUsage:
+    """A pool's size and how many of its nodes are out of service now (counts)."""
+
+    size: int
+    out: int = 0
+
+    def limit(self, settings: SafetySettings) -> int:
+        """Nodes that may be out at once: the smaller of the absolute and the % cap (rounded down)."""
+        by_percent = math.floor(self.size * settings.max_unhealthy_percent / 100.0 + 1e-9)
+        return min(settings.max_unhealthy, by_percent)
+
+
+@dataclass(frozen=True)
+class SafetyState:
+    """What safety knows during one tick. ``pools`` grows as quarantines are approved."""
+
+    settings: SafetySettings
+    now: datetime
+    paused: bool = False
+    breaker_tripped: bool = False
+    pools: Mapping[str, PoolUsage] = field(default_factory=dict)
+
+    def usage(self, pool: str) -> PoolUsage:
+        return self.pools.get(pool, PoolUsage(size=0))
+
+
+def in_window(window: MaintenanceWindow, now: datetime) -> bool:
+    """Whether ``now`` (aware, UTC) is inside ``window``.
+
+    ``start``/``end`` are HH:MM UTC; ``end`` at or before ``start`` spans midnight (the window
+    belongs to the day it starts on, so ``fri 22:00-02:00`` covers Saturday 01:00). Equal start and
+    end mean 24 hours from ``start``.
+    """
+    start = time.fromisoformat(window.start)
+    end = time.fromisoformat(window.end)
+    t = now.time().replace(tzinfo=None)
+    today = _DAYS[now.weekday()]
+    yesterday = _DAYS[(now - timedelta(days=1)).weekday()]
+    if start < end:
+        return today in window.days and start <= t < end
+    return (today in window.days and t >= start) or (yesterday in window.days and t < end)
+
+
+def window_for(windows: Iterable[MaintenanceWindow], pool: str, now: datetime) -> MaintenanceWindow | None:
+    """The first window of ``pool`` (or ``*``) that ``now`` falls in, if any."""
+    for window in windows:
+        if window.pool in ("*", pool) and in_window(window, now):
+            return window
+    return None
+
+
+def _over_budget(req: Request, state: SafetyState) -> str | None:
+    usage = state.usage(req.pool)
+    limit = usage.limit(state.settings)
+    if usage.out + 1 > limit:
+        return (
+            f"pool {req.pool}: {usage.out} of {usage.size} node(s) out of service, budget {limit} "
+            f"(max_unhealthy {state.settings.max_unhealthy}, "
+            f"{state.settings.max_unhealthy_percent:g}% of the pool)"
+        )
+    return None
+
+
+def _window_message(req: Request, state: SafetyState) -> str | None:
+    window = window_for(state.settings.maintenance_windows, req.pool, state.now)
+    if window is None:
+        return None
+    days = ",".join(window.days)
+    return f"pool {req.pool} is in a maintenance window ({days} {window.start}-{window.end} UTC)"
+
+
+_TOUCHING = frozenset(StepKind) - {StepKind.RECORD}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the safety table: refuses ``kinds`` with ``reason`` when ``applies`` gives a
+    message."""
+
+    reason: Refusal
+    kinds: frozenset[StepKind]
+    applies: Callable[[Request, SafetyState], str | None]
+    blocks: bool
+    new_quarantine_only: bool = False
+
+
+CHECKS: tuple[Check, ...] = (
+    Check(
+        Refusal.OPT_OUT,
+        _TOUCHING,
+        lambda r, s: "the node carries the opt-out label: never touched" if r.opted_out else None,
+        blocks=False,
+    ),
+    Check(
+        Refusal.PAUSED,
+        frozenset({StepKind.QUARANTINE, StepKind.DRAIN, StepKind.TICKET}),
+        lambda r, s: "healer is paused" if s.paused else None,
+        blocks=False,
+    ),
+    Check(
+        Refusal.MAINTENANCE,
+        frozenset({StepKind.QUARANTINE, StepKind.DRAIN}),
+        _window_message,
+        blocks=False,
+    ),
+    Check(
+        Refusal.BREAKER,
+        frozenset({StepKind.QUARANTINE}),
+        lambda r, s: (
+            "the circuit breaker is tripped: waiting for a human reset" if s.breaker_tripped else None
+        ),
+        blocks=True,
+        new_quarantine_only=True,
+    ),
+    Check(
+        Refusal.BUDGET, frozenset({StepKind.QUARANTINE}), _over_budget, blocks=True, new_quarantine_only=True
+    ),
+)
+
+
+def judge(req: Request, state: SafetyState) -> tuple[Decision, SafetyState]:
+    """Approve or refuse ``req``; returns the decision and the state with an approved new
+    quarantine counted against its pool (in-flight counting within the tick)."""
+    for check in CHECKS:
+        if req.kind not in check.kinds or (check.new_quarantine_only and req.already_out):
+            continue
+        message = check.applies(req, state)
+        if message is not None:
+            return Decision(False, check.reason, message, check.blocks), state
+    if req.kind == StepKind.QUARANTINE and not req.already_out:
+        usage = state.usage(req.pool)
+        state = replace(state, pools={**state.pools, req.pool: replace(usage, out=usage.out + 1)})
+    return Decision(True, message="approved"), state
+
+
+@dataclass(frozen=True)
+class BreakerVerdict:
+    """Whether the breaker trips now: ``count`` nodes (``percent`` % of ``fleet_size``) turned bad
+    within the window; ``nodes`` names them."""
+
+    trip: bool
+    count: int
+    percent: float
+    fleet_size: int
+    nodes: tuple[str, ...]
+    reason: str
+
+
+def breaker(
+    *,
+    turned_bad: Mapping[str, datetime],
+    fleet_size: int,
+    settings: SafetySettings,
+    now: datetime,
+    reset_at: datetime | None = None,
+) -> BreakerVerdict:
+    """Count nodes that turned bad (``turned_bad``: node → when its quarantining finding fired)
+    within ``breaker_window_seconds`` before ``now``, and after the last reset; trip when more than
+    ``breaker_nodes`` of them, or more than ``breaker_percent`` % of ``fleet_size`` nodes."""
+    since = now - timedelta(seconds=settings.breaker_window_seconds)
+    if reset_at is not None and reset_at > since:
+        since = reset_at
+    nodes = tuple(sorted(n for n, at in turned_bad.items() if since <= at <= now))
+    count = len(nodes)
+    size = max(fleet_size, count, 1)
+    percent = 100.0 * count / size
+    over_count = count > settings.breaker_nodes
+    over_percent = percent > settings.breaker_percent
+    reason = ""
+    if over_count or over_percent:
+        reason = (
+            f"{count} node(s) ({percent:.0f}% of {size}) turned bad within "
+            f"{settings.breaker_window_seconds:g} s; limit {settings.breaker_nodes} node(s) or "
+            f"{settings.breaker_percent:g}%"
+        )
+    return BreakerVerdict(over_count or over_percent, count, percent, size, nodes, reason)
