@@ -64,5 +64,10 @@ def _register() -> None:
 
     simulator_commands.register(app)
 
+    from healer.tickets import commands as ticket_commands
+
+    app.add_typer(ticket_commands.app, name="ticket")
+    app.command("provider-receiver")(ticket_commands.provider_receiver)
+
 
 _register()
