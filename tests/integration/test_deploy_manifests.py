@@ -1,0 +1,576 @@
+"""The deployment files validate offline: docker-compose.yml, the Dockerfile, and deploy/ (kustomize).
+
+* Compose: the Compose Specification JSON schema vendored in ``deploy/schemas/compose-spec.json``
+  (see ``deploy/schemas/README.md``), plus what a schema cannot know: ``depends_on`` targets exist and
+  can satisfy their condition, and the healer services' environment builds real
+  :class:`healer.config.Settings`.
+* Kubernetes: every overlay rendered by the real kustomize (``kubectl kustomize``), every object
+  validated against the Kubernetes OpenAPI schemas bundled by ``kubernetes-validate`` (strict: unknown
+  fields fail), then the properties we promise: least-privilege RBAC, 2 replicas with probes and a
+  non-root, read-only security context, secrets only by reference, the rule pack in sync with rules/.
+
+No network, no container engine, no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import typer
+import yaml
+
+import healer
+from healer import cli as healer_cli
+from healer.config import Settings, load_settings
+from healer.simulator.scenario import load_scenario
+from healer.store import migrate
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+
+#: Oldest Kubernetes minor we promise the manifests for, and the newest the schemas know.
+K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
+
+#: (apiGroup, resource, verb) the ClusterRole grants: exactly what the Kubernetes adapter calls.
+CLUSTER_PERMISSIONS = {
+    *(("", "nodes", verb) for verb in ("get", "list", "watch", "patch")),
+    ("", "nodes/status", "patch"),
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods/eviction", "create"),
+    ("", "events", "create"),
+    ("events.k8s.io", "events", "create"),
+    ("policy", "poddisruptionbudgets", "list"),
+}
+LEASE_PERMISSIONS = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+
+#: The image's user (Dockerfile ``HEALER_UID``), which the pod's securityContext must name.
+HEALER_UID = 10001
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _interpolate(text: str) -> str:
+    """Compose variable interpolation with no variables set: ``${VAR:-default}`` → default."""
+
+    def value(match: re.Match[str]) -> str:
+        default = match.group(2)
+        if default is None:
+            raise AssertionError(f"${{{match.group(1)}}} has no default: compose up would need it set")
+        return default
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", value, text)
+
+
+def _settings_from_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Settings:
+    """``load_settings`` with exactly ``env`` as the HEALER_ environment (nothing from the test run)."""
+    import os
+
+    for name in list(os.environ):
+        if name.upper().startswith("HEALER_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name != "HEALER_CONFIG":
+            monkeypatch.setenv(name, value)
+    return load_settings(**kwargs)
+
+
+def _setting_exists(env_name: str) -> bool:
+    """Whether ``HEALER_A__B`` names a field path of :class:`Settings` (pydantic-settings silently
+    ignores unknown names, so a typo would otherwise go unnoticed)."""
+    if env_name == "HEALER_CONFIG":
+        return True
+    parts = env_name.removeprefix("HEALER_").lower().split("__")
+    model: Any = Settings
+    for part in parts:
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return False
+        model = fields[part].annotation
+    return True
+
+
+def _go_duration(value: object) -> bool:
+    return not isinstance(value, str) or bool(re.fullmatch(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+", value))
+
+
+# --- compose ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(_interpolate(COMPOSE_FILE.read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="module")
+def compose_validator() -> jsonschema.protocols.Validator:
+    schema = json.loads((DEPLOY / "schemas" / "compose-spec.json").read_text(encoding="utf-8"))
+    formats = jsonschema.FormatChecker()
+    formats.checks("duration")(_go_duration)
+    # The file says ``http://json-schema.org/draft/2019-09/schema#``, not the draft's canonical URI,
+    # so name the draft instead of letting jsonschema guess from ``$schema``.
+    jsonschema.Draft201909Validator.check_schema(schema)
+    return jsonschema.Draft201909Validator(schema, format_checker=formats)
+
+
+def test_compose_matches_the_compose_specification(
+    compose: dict[str, Any], compose_validator: jsonschema.protocols.Validator
+) -> None:
+    errors = [f"{e.json_path}: {e.message}" for e in compose_validator.iter_errors(compose)]
+    assert errors == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("services", "healer", "depends_on", "migrate", "condition"), "service_finished"),
+        (("services", "postgres", "healthcheck", "interval"), "5 seconds"),
+        (("services", "healer", "restart_policy"), "always"),
+        (("services", "healer", "ports"), "8080"),
+    ],
+)
+def test_the_compose_schema_rejects_mistakes(
+    compose: dict[str, Any],
+    compose_validator: jsonschema.protocols.Validator,
+    path: tuple[str, ...],
+    value: object,
+) -> None:
+    broken = json.loads(json.dumps(compose))
+    node = broken
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    assert list(compose_validator.iter_errors(broken))
+
+
+def test_compose_dependencies_exist_and_can_be_met(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert {"prometheus", "postgres", "migrate", "simulator", "provider", "healer"} <= set(services)
+    for name, service in services.items():
+        for target, spec in (service.get("depends_on") or {}).items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            condition = spec["condition"]
+            if condition == "service_healthy":
+                check = services[target].get("healthcheck", {})
+                assert check.get("test") and not check.get("disable"), f"{target} has no health check"
+            if condition == "service_completed_successfully":
+                assert services[target].get("restart") == "no", f"{target} is not a one-shot service"
+    healer_deps = services["healer"]["depends_on"]
+    assert healer_deps["migrate"]["condition"] == "service_completed_successfully"
+    assert healer_deps["prometheus"]["condition"] == "service_healthy"
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("postgres", "prometheus", "simulator", "provider", "healer"):
+        assert services[name]["healthcheck"]["test"], name
+
+
+def _healer_command(args: list[str]) -> Any:
+    """Parse ``healer ARGS...`` the way the CLI would, without running it, and return the leaf
+    command's context (``.info_name``, ``.params``). An unknown sub-command fails the assertion; an
+    unknown option or a bad value raises the CLI's usage error. Duck-typed: typer ships its own click."""
+    command: Any = typer.main.get_command(healer_cli.app)
+    parent = command.context_class(command, info_name="healer")
+    rest = list(args)
+    while hasattr(command, "get_command"):
+        name, *rest = rest
+        command = command.get_command(parent, name)
+        assert command is not None, f"`healer {' '.join(args)}`: no sub-command {name!r}"
+        parent = command.context_class(command, info_name=name, parent=parent)
+    return command.make_context(parent.info_name, rest, parent=parent.parent)
+
+
+def _healer_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in compose["services"].items() if s.get("image") == "healer:local"}
+
+
+def test_compose_runs_real_healer_commands(compose: dict[str, Any]) -> None:
+    services = _healer_services(compose)
+    assert set(services) == {"migrate", "simulator", "provider", "healer"}
+    for name, service in services.items():
+        ctx = _healer_command(service["command"])
+        assert (
+            ctx.command.name
+            == {
+                "migrate": "upgrade",
+                "simulator": "simulate",
+                "provider": "provider-receiver",
+                "healer": "run",
+            }[name]
+        )
+    simulate = _healer_command(services["simulator"]["command"]).params
+    load_scenario(simulate["scenario"])
+    assert simulate["host"] == "0.0.0.0"
+    assert simulate["advertise"] == f"simulator:{simulate['port']}"
+
+
+def test_compose_healer_environment_is_real_settings(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    services = compose["services"]
+    env = {k: str(v) for k, v in services["healer"]["environment"].items()}
+    assert all(_setting_exists(name) for name in env), [n for n in env if not _setting_exists(n)]
+    settings = _settings_from_env(env, monkeypatch)
+    # Compose has no Kubernetes API: healer only records what it would do.
+    assert settings.safety.dry_run is True
+    assert settings.database.url.startswith("postgresql+psycopg://healer:")
+    assert settings.database.url.endswith("@postgres:5432/healer")
+    assert settings.database.url == services["migrate"]["environment"]["HEALER_DATABASE__URL"]
+    assert settings.prometheus.url == "http://prometheus:9090"
+    assert settings.api.host == "0.0.0.0"
+    assert f"{settings.api.port}:{settings.api.port}" in services["healer"]["ports"][0]
+    postgres = services["postgres"]["environment"]
+    assert f"{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@" in settings.database.url
+
+
+def test_compose_prometheus_scrapes_the_simulator(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    config_path = next(
+        v.split(":")[0] for v in services["prometheus"]["volumes"] if v.endswith("prometheus.yml:ro")
+    )
+    config = yaml.safe_load((REPO / config_path).read_text(encoding="utf-8"))
+    targets = {
+        t for job in config["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]
+    }
+    http_sd = [sd["url"] for job in config["scrape_configs"] for sd in job.get("http_sd_configs", [])]
+    simulate = _healer_command(services["simulator"]["command"]).params
+    assert http_sd == [f"http://simulator:{simulate['port']}/targets"]
+    for target in targets:
+        host = target.split(":")[0]
+        assert host in services or host in {"127.0.0.1", "localhost"}, target
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) not installed")
+def test_compose_prometheus_config_passes_promtool() -> None:
+    result = subprocess.run(
+        ["promtool", "check", "config", "--syntax-only", str(DEPLOY / "compose" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "")
+        for line in lines
+        if line and not line.startswith("#")
+    ]
+
+
+def test_dockerfile_builds_a_slim_non_root_healer_image() -> None:
+    instructions = _dockerfile_instructions()
+    values = lambda kind: [v for k, v in instructions if k == kind]  # noqa: E731
+    assert values("ARG")[0] == "PYTHON_IMAGE=python:3.11-slim"
+    assert f"HEALER_UID={HEALER_UID}" in values("ARG")
+    assert values("USER") == ["${HEALER_UID}:${HEALER_UID}"]
+    assert values("ENTRYPOINT") == ['["healer"]']
+    assert values("CMD") == ['["run"]']
+    (healthcheck,) = values("HEALTHCHECK")
+    assert "/healthz" in healthcheck and "python" in healthcheck and "curl" not in healthcheck
+    runs = " ".join(values("RUN"))
+    assert "pip install ." in runs and "[dev]" not in runs
+    copied = {v.split()[-2] for v in values("COPY") if not v.startswith("--from")}
+    for needed in ("healer", "api", "migrations", "rules", "pyproject.toml"):
+        assert any(c == needed or c.startswith(f"{needed} ") for c in copied) or needed in " ".join(
+            values("COPY")
+        ), needed
+    for source in ("healer", "api", "migrations", "rules", "pyproject.toml", "README.md"):
+        assert (REPO / source).exists(), source
+    assert not any(re.search(r"(?i)(password|secret|token)=", v) for k, v in instructions if k == "ENV")
+
+
+def test_dockerfile_puts_migrations_where_healer_looks() -> None:
+    # The image copies migrations/ into site-packages, beside the installed package: that is
+    # where healer.store.migrate looks. Fails here first if migrate.py changes its mind.
+    assert migrate.MIGRATIONS_DIR.parent == Path(healer.__file__).resolve().parents[1]
+    assert 'cp -r migrations "$site/migrations"' in DOCKERFILE.read_text(encoding="utf-8")
+
+
+def test_dockerignore_keeps_what_the_image_needs() -> None:
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {"healer", "api", "migrations", "rules", "pyproject.toml", "README.md"}.isdisjoint(ignored)
+    assert {".git", "tests", ".env"} <= ignored
+
+
+# --- kustomize ----------------------------------------------------------------------------------
+
+KUSTOMIZATIONS = ("base", "overlays/dry-run", "overlays/production", "dcgm-exporter")
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    return None
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    command = _kustomize_command()
+    if command is None:
+        pytest.skip("neither kubectl nor kustomize is installed")
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name in KUSTOMIZATIONS:
+        result = subprocess.run(
+            [*command, str(DEPLOY / name)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0, f"kustomize {name}: {result.stderr}"
+        out[name] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return out
+
+
+def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = _one(objects, "Deployment", "healer")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _objects(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for kustomization, objects in rendered.items():
+        for obj in objects:
+            yield f"{kustomization}: {obj['kind']}/{obj['metadata']['name']}", obj
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_object_matches_the_kubernetes_schemas(
+    rendered: dict[str, list[dict[str, Any]]], version: str
+) -> None:
+    problems, unchecked = [], set()
+    for where, obj in _objects(rendered):
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            unchecked.add(f"{obj['apiVersion']}/{obj['kind']}")
+        except kubernetes_validate.ValidationError as exc:
+            problems.append(f"{where}: {str(exc).splitlines()[0]}")
+    assert problems == []
+    # Custom resources have no bundled schema; the ServiceMonitor is checked by hand below.
+    assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor"}
+
+
+def test_every_overlay_installs_the_same_shape(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    expected = {
+        ("Namespace", "healer-system"),
+        ("ServiceAccount", "healer"),
+        ("ClusterRole", "healer"),
+        ("ClusterRoleBinding", "healer"),
+        ("Role", "healer-leader-election"),
+        ("RoleBinding", "healer-leader-election"),
+        ("Deployment", "healer"),
+        ("Service", "healer"),
+        ("ServiceMonitor", "healer"),
+        ("PodDisruptionBudget", "healer"),
+        ("ConfigMap", "healer-rules"),
+    }
+    for name in ("base", "overlays/dry-run", "overlays/production"):
+        objects = rendered[name]
+        kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+        assert expected <= kinds, name
+        assert any(k == "ConfigMap" and n.startswith("healer-settings-") for k, n in kinds)
+        # No secret values in the repository: Secrets are created by the user (deploy/README.md).
+        assert not any(o["kind"] == "Secret" for o in objects)
+        for obj in objects:
+            if obj["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
+                assert obj["metadata"]["namespace"] == "healer-system", obj["metadata"]["name"]
+
+
+def test_cluster_role_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["base"]
+    granted = {
+        (group, resource, verb)
+        for rule in _one(objects, "ClusterRole", "healer")["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == CLUSTER_PERMISSIONS
+    role = _one(objects, "Role", "healer-leader-election")
+    leases = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert leases == LEASE_PERMISSIONS
+    for rule in [*role["rules"], *_one(objects, "ClusterRole", "healer")["rules"]]:
+        assert "resourceNames" not in rule or rule["resourceNames"]
+        assert "*" not in json.dumps(rule), rule
+    for kind, name in (("ClusterRoleBinding", "healer"), ("RoleBinding", "healer-leader-election")):
+        binding = _one(objects, kind, name)
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "healer", "namespace": "healer-system"}
+        ]
+    assert _one(objects, "RoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
+    deployment = _one(objects, "Deployment", "healer")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "healer"
+
+
+@pytest.mark.parametrize("overlay", ["base", "overlays/dry-run", "overlays/production"])
+def test_deployment_is_ha_probed_and_locked_down(
+    rendered: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    objects = rendered[overlay]
+    deployment = _one(objects, "Deployment", "healer")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == HEALER_UID
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(objects)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    for c in [*pod["containers"], *pod.get("initContainers", [])]:
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        }, c["name"]
+        assert set(c["resources"]["requests"]) == {"cpu", "memory"}, c["name"]
+        assert "memory" in c["resources"]["limits"], c["name"]
+        for name, entry in _env(c).items():
+            assert _setting_exists(name), f"{c['name']}: {name} is not a healer setting"
+            if name == "HEALER_DATABASE__URL":
+                # The URL holds a password: only ever by reference.
+                assert entry["valueFrom"]["secretKeyRef"] == {"name": "healer-database", "key": "url"}
+    (migrate_init,) = pod["initContainers"]
+    assert migrate_init["args"] == ["db", "upgrade"]
+    assert container["args"] == ["run"]
+    # Mounted volumes exist, and every ConfigMap they name is part of the install.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_maps = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
+    for c in [*pod["containers"], *pod["initContainers"]]:
+        for mount in c["volumeMounts"]:
+            volume = volumes[mount["name"]]
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps
+    assert volumes["provider-secrets"]["secret"]["secretName"] == "healer-provider-secrets"
+
+
+def test_dry_run_is_the_default_and_production_acts(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    def dry_run(overlay: str) -> str:
+        return _env(_container(rendered[overlay]))["HEALER_SAFETY__DRY_RUN"]["value"]
+
+    assert dry_run("base") == "true"
+    assert dry_run("overlays/dry-run") == "true"
+    assert dry_run("overlays/production") == "false"
+    volumes = {
+        v["name"]: v
+        for v in _one(rendered["overlays/production"], "Deployment")["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["provider-secrets"]["secret"]["optional"] is False
+
+
+@pytest.mark.parametrize("overlay", ["overlays/dry-run", "overlays/production"])
+def test_settings_file_and_env_build_real_settings(
+    rendered: dict[str, list[dict[str, Any]]],
+    overlay: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = rendered[overlay]
+    container = _container(objects)
+    env = _env(container)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config_path = Path(env["HEALER_CONFIG"]["value"])
+    assert str(config_path.parent) == mounts["config"]
+    (settings_map,) = [
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("healer-settings-")
+    ]
+    config_file = tmp_path / config_path.name
+    config_file.write_text(settings_map["data"][config_path.name], encoding="utf-8")
+    stand_ins = {
+        "HEALER_DATABASE__URL": "postgresql+psycopg://healer:x@postgres.example:5432/healer",
+        "HEALER_KUBERNETES__NAMESPACE": "healer-system",
+    }
+    values = {name: e.get("value", stand_ins.get(name)) for name, e in env.items()}
+    assert None not in values.values(), values
+    settings = _settings_from_env(values, monkeypatch, config_file=config_file)
+    assert settings.safety.dry_run is (overlay == "overlays/dry-run")
+    assert settings.rules_paths == [Path(mounts["rules"])]
+    assert settings.api.host == "0.0.0.0" and settings.api.port == 8080
+    assert settings.kubernetes.namespace == "healer-system"
+    assert settings.kubernetes.renew_interval_seconds < settings.kubernetes.lease_duration_seconds
+
+
+def test_service_monitor_and_pdb_select_the_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objects = rendered["base"]
+    pod_labels = _one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = _one(objects, "Service", "healer")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "protocol": "TCP", "targetPort": "http"}
+    ]
+    monitor = _one(objects, "ServiceMonitor", "healer")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["healer-system"]}
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("http", "/metrics")]
+    pdb = _one(objects, "PodDisruptionBudget", "healer")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["minAvailable"] < _one(objects, "Deployment")["spec"]["replicas"]
+
+
+def test_rule_configmap_holds_the_rule_pack(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    rules = {
+        p.name: p.read_text(encoding="utf-8")
+        for p in sorted((REPO / "rules").iterdir())
+        if p.suffix in {".yaml", ".yml"}
+    }
+    assert rules, "rules/ has no rule files"
+    data = _one(rendered["base"], "ConfigMap", "healer-rules")["data"]
+    assert data == rules, "deploy/base/rules-configmap.yaml is stale: run python deploy/scripts/sync_rules.py"
+
+
+def test_dcgm_exporter_counters_configmap(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    config_map = _one(rendered["dcgm-exporter"], "ConfigMap")
+    counters = (DEPLOY / "dcgm-exporter" / "counters.csv").read_text(encoding="utf-8")
+    assert config_map["data"] == {"dcgm-metrics.csv": counters}
+    assert config_map["metadata"]["name"] == "healer-dcgm-metrics"
+
+
+def test_no_secret_values_in_deploy() -> None:
+    for path in DEPLOY.rglob("*"):
+        if path.suffix not in {".yaml", ".yml"}:
+            continue
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if isinstance(doc, dict):
+                assert doc.get("kind") != "Secret", f"{path}: create Secrets with kubectl, not in git"
