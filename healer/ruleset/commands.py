@@ -96,20 +96,19 @@ def validate(
 
 
 def _action_text(action: Any) -> str:
-    options = _action_options(action)
+    """``drain(timeout=1h, force=True)``: options that differ from their defaults, and the deadline."""
+    options = _action_options(action, everything=False)
     if not options:
         return str(action.kind)
     return f"{action.kind}({', '.join(f'{k}={v}' for k, v in options.items())})"
 
 
-def _action_options(action: Any) -> dict[str, Any]:
-    """Options that differ from their defaults, durations as Prometheus strings."""
+def _action_options(action: Any, *, everything: bool) -> dict[str, Any]:
+    """An action's options, durations as Prometheus strings; all of them, or the telling ones."""
     out: dict[str, Any] = {}
     for name, field in type(action).model_fields.items():
-        if name == "kind":
-            continue
         value = getattr(action, name)
-        if value == field.default:
+        if name == "kind" or (not everything and value == field.default and name != "timeout"):
             continue
         out[name] = format_duration(value) if name == "timeout" else value
     return out
@@ -127,7 +126,7 @@ def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[
         "node_labels": list(rule.node_labels),
         "unit": rule.unit,
         "summary": rule.summary,
-        "actions": [{"kind": a.kind, **_action_options(a)} for a in rule.actions],
+        "actions": [{"kind": a.kind, **_action_options(a, everything=True)} for a in rule.actions],
         "expr": rule.expr,
     }
 
