@@ -1,0 +1,119 @@
+"""The detection half of a tick: query every rule, evaluate, record.
+
+::
+
+    source.query(rule.expr, at=now)  once per rule, within the tick's deadline
+        → evaluate(ruleset, results, previous state, now)      (pure)
+        → record_reports + record_changes                      (one transaction)
+        → DetectionResult(findings for the lifecycle, state for the next tick, ...)
+
+Used by ``healer evaluate --once`` and by the controller's tick (``healer.runner``). Once the
+tick's deadline has passed, the remaining rules are not queried: they are reported unavailable
+and keep their state, like any rule whose query failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.engine.evaluation import (
+    EvaluationState,
+    FindingChange,
+    QueryResult,
+    RuleReport,
+    evaluate,
+)
+from healer.engine.findings import TickFindings
+from healer.engine.states import RuleHealth
+from healer.errors import SourceError
+from healer.ruleset.schema import RuleSet
+from healer.sources.base import Deadline, MetricsSource
+from healer.store.evaluations import load_state, record_changes, record_reports
+from healer.store.session import transaction
+
+
+@dataclass(frozen=True)
+class DetectionResult:
+    """One tick's detection.
+
+    ``findings`` go to the lifecycle; ``state`` goes to the next tick's ``run_detection``;
+    ``reports`` has one entry per rule (health, error, query seconds); ``changes`` are the
+    episode changes written; ``queries`` counts the queries sent (one per rule at most);
+    ``duration_seconds`` is the wall time of the whole detection, recording included.
+    """
+
+    findings: TickFindings
+    state: EvaluationState
+    reports: list[RuleReport]
+    changes: list[FindingChange]
+    queries: int
+    duration_seconds: float
+
+    @property
+    def source_unavailable(self) -> bool:
+        """True when no rule could be evaluated because the source failed (or the deadline passed)."""
+        return bool(self.reports) and all(r.health == RuleHealth.UNAVAILABLE for r in self.reports)
+
+
+def run_detection(
+    *,
+    ruleset: RuleSet,
+    source: MetricsSource,
+    session_factory: sessionmaker[Session] | None,
+    state: EvaluationState,
+    now: datetime,
+    deadline: Deadline | None = None,
+) -> DetectionResult:
+    """Query, evaluate and record one tick at ``now`` (aware UTC; also the queries' ``time=``).
+
+    Args:
+        ruleset: the rules to evaluate, in order.
+        source: where the queries go; its ``tick_deadline_seconds`` bounds the tick unless
+            ``deadline`` is given.
+        session_factory: where to record; None records nothing (a dry look).
+        state: the previous tick's ``DetectionResult.state`` (or :func:`initial_state`).
+        now: the evaluation time.
+
+    Source failures never raise: they become unavailable/error reports and frozen rules.
+    Database errors (SQLAlchemy) propagate: the tick owns that boundary.
+    """
+    started = time.perf_counter()
+    deadline = deadline or Deadline(source.tick_deadline_seconds)
+    results: dict[str, QueryResult | SourceError] = {}
+    durations: dict[str, float] = {}
+    queries = 0
+    for rule in ruleset.rules:
+        if deadline.expired:
+            break  # the rest are not queried: evaluate() reports them unavailable
+        t0 = time.perf_counter()
+        queries += 1
+        try:
+            results[rule.name] = source.query(rule.expr, at=now, deadline=deadline)
+        except SourceError as exc:
+            results[rule.name] = exc
+        durations[rule.name] = time.perf_counter() - t0
+    evaluation = evaluate(ruleset=ruleset, results=results, previous=state, now=now, durations=durations)
+    if session_factory is not None:
+        with transaction(session_factory) as session:
+            record_reports(session, evaluation.reports)
+            record_changes(session, evaluation.changes, now=now)
+    return DetectionResult(
+        findings=evaluation.findings,
+        state=evaluation.state,
+        reports=evaluation.reports,
+        changes=evaluation.changes,
+        queries=queries,
+        duration_seconds=time.perf_counter() - started,
+    )
+
+
+def initial_state(session_factory: sessionmaker[Session] | None) -> EvaluationState:
+    """The state to start from: the open episodes in the database (empty without one)."""
+    if session_factory is None:
+        return EvaluationState()
+    with session_factory() as session:
+        return load_state(session)
