@@ -219,7 +219,8 @@ def test_compose_healer_environment_is_real_settings(
 ) -> None:
     services = compose["services"]
     env = {k: str(v) for k, v in services["healer"]["environment"].items()}
-    assert all(_setting_exists(name) for name in env), [n for n in env if not _setting_exists(n)]
+    unknown = [n for n in env if n.startswith("HEALER_") and not _setting_exists(n)]
+    assert unknown == []
     settings = _settings_from_env(env, monkeypatch)
     # Compose has no Kubernetes API: healer only records what it would do.
     assert settings.safety.dry_run is True
@@ -231,6 +232,17 @@ def test_compose_healer_environment_is_real_settings(
     assert f"{settings.api.port}:{settings.api.port}" in services["healer"]["ports"][0]
     postgres = services["postgres"]["environment"]
     assert f"{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}@" in settings.database.url
+    # Tickets go to the stand-in provider, signed with the secret it verifies, and its callbacks are
+    # signed with the secret healer checks.
+    receiver = _healer_command(services["provider"]["command"]).params
+    (provider,) = settings.tickets.providers
+    assert provider.url.startswith(f"http://provider:{receiver['port']}/")
+    provider_env = services["provider"]["environment"]
+    assert provider.secret_env == receiver["secret_env"]
+    assert env[provider.secret_env] == provider_env[receiver["secret_env"]]
+    assert settings.tickets.callback_secret_env == receiver["callback_secret_env"]
+    assert env[receiver["callback_secret_env"]] == provider_env[receiver["callback_secret_env"]]
+    assert receiver["callback_url"] == f"http://healer:{settings.api.port}"
 
 
 def test_compose_prometheus_scrapes_the_simulator(compose: dict[str, Any]) -> None:
