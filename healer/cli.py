@@ -68,6 +68,9 @@ def _register() -> None:
 
     app.add_typer(ticket_commands.app, name="ticket")
     app.command("provider-receiver")(ticket_commands.provider_receiver)
+    from healer.sources import commands as source_commands
+
+    source_commands.register(app)
 
 
 _register()

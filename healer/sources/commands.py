@@ -1,0 +1,204 @@
+"""``healer evaluate --once``: one detection tick against the configured Prometheus, printed.
+
+Exit status: 0 every rule evaluated; 1 the source was unavailable for at least one rule (timeout,
+5xx, transport error, deadline); 2 bad settings, rules or database; 3 a rule is broken (the source
+refused its PromQL).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from sqlalchemy import inspect
+
+from healer.detection import DetectionResult, initial_state, run_detection
+from healer.engine.findings import Finding, json_safe_value
+from healer.engine.states import RuleHealth
+from healer.errors import RuleError
+from healer.ruleset.durations import format_duration
+from healer.sources.prometheus import PrometheusSource
+
+
+class OutputFormat(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+def evaluate(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="Run one tick and exit (required).")] = False,
+    output: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.TABLE,
+    store: Annotated[
+        bool,
+        typer.Option(
+            "--store/--no-store",
+            help="Resume from and record into the configured database (default), or touch nothing.",
+        ),
+    ] = True,
+) -> None:
+    """Query every rule once at the current time and print the findings and each rule's health."""
+    from healer.cli import settings_from
+    from healer.ruleset.loading import load_ruleset
+    from healer.store.session import make_engine, make_sessionmaker
+
+    if not once:
+        typer.echo("error: give --once (`healer run` runs the controller loop)", err=True)
+        raise typer.Exit(2)
+    settings = settings_from(ctx)
+    try:
+        ruleset = load_ruleset(settings.rules_paths)
+    except RuleError as exc:
+        typer.echo(f"error: the rules do not load\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+    factory = None
+    if store:
+        engine = make_engine(settings.database.url)
+        if not inspect(engine).has_table("findings"):
+            typer.echo(
+                f"error: no healer schema at {engine.url.render_as_string(hide_password=True)}: "
+                "run `healer db upgrade` (or pass --no-store)",
+                err=True,
+            )
+            raise typer.Exit(2)
+        factory = make_sessionmaker(engine)
+    with PrometheusSource.from_settings(settings.prometheus) as source:
+        result = run_detection(
+            ruleset=ruleset,
+            source=source,
+            session_factory=factory,
+            state=initial_state(factory),
+            now=datetime.now(UTC),
+        )
+    if output == OutputFormat.JSON:
+        typer.echo(json.dumps(as_json(result), indent=2))
+    else:
+        typer.echo(as_table(result))
+    healths = {r.health for r in result.reports}
+    if RuleHealth.UNAVAILABLE in healths:
+        raise typer.Exit(1)
+    if RuleHealth.ERROR in healths:
+        raise typer.Exit(3)
+
+
+def _findings(result: DetectionResult) -> list[Finding]:
+    found = [f for fs in result.findings.firing.values() for f in fs]
+    found += [f for fs in result.findings.pending.values() for f in fs]
+    return sorted(found, key=lambda f: (f.node, f.gpu or "", f.rule, f.series_key))
+
+
+def _value(f: Finding) -> str:
+    if f.value is None:
+        return "-"
+    text = f"{f.value:g}" if math.isfinite(f.value) else str(json_safe_value(f.value))
+    return f"{text} {f.unit}" if f.unit else text
+
+
+def _since(f: Finding, now: datetime) -> str:
+    if f.active_since is None:
+        return "-"
+    ago = max(0, int((now - f.active_since).total_seconds()))
+    return f"{f.active_since:%Y-%m-%d %H:%M:%S}Z ({format_duration(ago)} ago)"
+
+
+def _columns(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def as_table(result: DetectionResult) -> str:
+    """The findings table (node, GPU, rule, state, value and unit, since), unknown nodes, and the
+    per-rule health table."""
+    now = result.findings.at
+    out: list[str] = [f"evaluated at {now:%Y-%m-%d %H:%M:%S}Z"]
+    findings = _findings(result)
+    if findings:
+        rows = [["NODE", "GPU", "RULE", "STATE", "VALUE", "SINCE"]]
+        rows += [[f.node, f.gpu or "-", f.rule, str(f.state), _value(f), _since(f, now)] for f in findings]
+        out += ["", _columns(rows)]
+    else:
+        out += ["", "no findings"]
+    if result.findings.unknown:
+        out += [
+            "",
+            "no data (unknown, neither healthy nor faulty): " + ", ".join(sorted(result.findings.unknown)),
+        ]
+    rows = [["RULE", "GROUP", "HEALTH", "SERIES", "PENDING", "FIRING", "SECONDS", "ERROR / WARNINGS"]]
+    for r in result.reports:
+        notes = [r.error] if r.error else []
+        notes += r.warnings
+        if r.unresolved is not None:
+            notes.append(str(r.unresolved))
+        rows.append(
+            [
+                r.rule,
+                r.group,
+                str(r.health),
+                str(r.series),
+                str(r.pending),
+                str(r.firing),
+                f"{r.duration_seconds:.3f}",
+                "; ".join(notes),
+            ]
+        )
+    out += ["", _columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
+    return "\n".join(out)
+
+
+def as_json(result: DetectionResult) -> dict[str, Any]:
+    """``{"at", "findings": [...], "unknown": [...], "frozen_rules": [...], "rules": [...],
+    "queries", "duration_seconds"}``; values NaN/±Inf as the strings Prometheus uses."""
+
+    def iso(t: datetime | None) -> str | None:
+        return t.isoformat() if t else None
+
+    return {
+        "at": iso(result.findings.at),
+        "findings": [
+            {
+                "node": f.node,
+                "gpu": f.gpu,
+                "rule": f.rule,
+                "state": str(f.state),
+                "severity": f.severity,
+                "value": json_safe_value(f.value),
+                "unit": f.unit,
+                "since": iso(f.active_since),
+                "fired_at": iso(f.fired_at),
+                "summary": f.summary,
+                "labels": dict(f.labels),
+            }
+            for f in _findings(result)
+        ],
+        "unknown": sorted(result.findings.unknown),
+        "frozen_rules": sorted(result.findings.frozen_rules),
+        "rules": [
+            {
+                "rule": r.rule,
+                "group": r.group,
+                "kind": r.kind,
+                "health": str(r.health),
+                "error": r.error,
+                "series": r.series,
+                "pending": r.pending,
+                "firing": r.firing,
+                "duration_seconds": r.duration_seconds,
+                "warnings": r.warnings,
+                "unresolved": (
+                    {"count": r.unresolved.count, "example": r.unresolved.example} if r.unresolved else None
+                ),
+            }
+            for r in result.reports
+        ],
+        "queries": result.queries,
+        "duration_seconds": result.duration_seconds,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``evaluate`` to the root ``healer`` command."""
+    app.command("evaluate")(evaluate)
