@@ -187,6 +187,9 @@ class _Executor:
         self.ctx = lc.Context(rules=rules, now=now, recovery_hold_seconds=recovery_hold_seconds)
         self.domain = settings.kubernetes.domain
         self.done_status = ActionStatus.DRY_RUN if settings.safety.dry_run else ActionStatus.SUCCEEDED
+        # The dry-run recorder writes its own rows for cordon, taint ...; notify rows stay ours
+        # (they de-duplicate notifications).
+        self.recorder_writes = settings.safety.dry_run
         self.held: list[str] = []
 
     # -- node facts --
@@ -218,11 +221,18 @@ class _Executor:
             )
         if incident is not None:
             self._attach_findings(session, node, incident)
+        facts_incident = _incident_facts(session, incident)
+        if self.settings.safety.dry_run and view is not None and facts_incident is not None:
+            # Dry-run never changes the node: read it as healer would have left it, or the missing
+            # cordon would look like a human uncordon.
+            expected = facts_incident.expect_unschedulable
+            if expected is not None:
+                view = replace(view, unschedulable=expected)
         tick = self.findings
         return lc.NodeFacts(
             name=node.name,
             state=NodeState(node.state),
-            incident=_incident_facts(session, incident),
+            incident=facts_incident,
             firing=tuple(tick.firing.get(node.name, ())) if tick else (),
             pending=tuple(tick.pending.get(node.name, ())) if tick else (),
             unknown=bool(tick and node.name in tick.unknown),
@@ -341,18 +351,7 @@ class _Executor:
                     incident=incident,
                     detail={"rule": effect.rule, "options": incident.drain_options},
                 )
-        for record in done:
-            repo.record_action(
-                session,
-                kind=record["kind"],
-                status=record.get("status", self.done_status),
-                actor=self.actor,
-                now=self.now,
-                node=node,
-                incident=incident,
-                error=record.get("error"),
-                detail={**record.get("detail", {}), "step": step.row},
-            )
+        self._record_effects(session, node, incident, done, step)
         tickets = [e for e in step.effects if isinstance(e, lc.RequestTicket)]
         if tickets and incident is not None:
             from healer.tickets.outbox import request_ticket
@@ -534,22 +533,23 @@ class _Executor:
             if error is not None:
                 self._record_failed(session, node, done, step)
             else:
-                for record in done:
-                    repo.record_action(
-                        session,
-                        kind=record["kind"],
-                        status=self.done_status,
-                        actor=self.actor,
-                        now=self.now,
-                        node=node,
-                        incident=repo.open_incident(session, node),
-                        detail=record["detail"],
-                    )
+                self._record_effects(session, node, repo.open_incident(session, node), done, step)
         return state
 
     def _record_failed(self, session: Session, node: Node, done: list[dict[str, Any]], step: lc.Step) -> None:
-        incident = repo.open_incident(session, node)
+        self._record_effects(session, node, repo.open_incident(session, node), done, step)
+
+    def _record_effects(
+        self,
+        session: Session,
+        node: Node,
+        incident: Incident | None,
+        done: list[dict[str, Any]],
+        step: lc.Step,
+    ) -> None:
         for record in done:
+            if self.recorder_writes and record["kind"] != "notify" and "error" not in record:
+                continue
             repo.record_action(
                 session,
                 kind=record["kind"],
