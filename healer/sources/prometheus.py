@@ -126,7 +126,7 @@ class PrometheusSource:
         if deadline is not None:
             budget = min(budget, deadline.remaining())
             if budget <= 0:
-                raise SourceUnavailable(f"{self._where}: tick deadline passed before querying {expr!r}")
+                raise SourceUnavailable(f"{self._where}: tick deadline passed before querying {_short(expr)}")
         end = time.monotonic() + budget
         params = {"query": expr, "time": f"{at.timestamp():.3f}", "timeout": f"{max(budget, 0.001):.3f}s"}
         self.queries_sent += 1
@@ -150,14 +150,14 @@ class PrometheusSource:
             timed_out = isinstance(reason, requests.Timeout | urllib3.exceptions.TimeoutError)
             if timed_out and not isinstance(reason, urllib3.exceptions.NewConnectionError):
                 raise SourceUnavailable(
-                    f"{self._where}: query timed out after {budget:.3g}s: {expr!r}"
+                    f"{self._where}: query timed out after {budget:.3g}s: {_short(expr)}"
                 ) from exc
             raise SourceUnavailable(
-                f"{self._where}: {type(reason).__name__}: {_redact_text(str(reason), self.url)} ({expr!r})"
+                f"{self._where}: {type(reason).__name__}: {_redact_text(str(reason), self.url)}"
             ) from exc
         if body is None:
             raise SourceUnavailable(
-                f"{self._where}: query budget of {budget:.3g}s ran out while reading the answer to {expr!r}"
+                f"{self._where}: query budget of {budget:.3g}s ran out while reading: {_short(expr)}"
             )
         return self._parse(expr, response.status_code, body)
 
@@ -166,7 +166,7 @@ class PrometheusSource:
             doc = json.loads(body)
         except ValueError:
             raise SourceUnavailable(
-                f"{self._where}: HTTP {status}, answer is not JSON: {_excerpt(body)!r} ({expr!r})"
+                f"{self._where}: HTTP {status}, answer is not JSON: {_excerpt(body)!r}"
             ) from None
         if not isinstance(doc, dict) or doc.get("status") not in ("success", "error"):
             raise SourceUnavailable(
@@ -175,10 +175,11 @@ class PrometheusSource:
         warnings = [str(w) for w in doc.get("warnings") or []]
         if doc["status"] == "error" or status != 200:
             error_type = str(doc.get("errorType") or "")
-            message = f"{self._where}: HTTP {status} {error_type}: {doc.get('error')} (query {expr!r})"
+            message = f"{self._where}: HTTP {status} {error_type}: {doc.get('error')}"
             if error_type in _RULE_ERRORS:
-                raise QueryError(message)
-            raise SourceUnavailable(message)
+                # The rule is broken: the whole PromQL is what its author needs.
+                raise QueryError(f"{message} (query: {' '.join(expr.split())})")
+            raise SourceUnavailable(f"{message} (query: {_short(expr)})")
         try:
             return QueryResult(samples=_samples(doc["data"]), warnings=warnings)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -222,6 +223,12 @@ def _reason(exc: Exception) -> BaseException:
     if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
         return inner.reason
     return inner if isinstance(inner, BaseException) else exc
+
+
+def _short(expr: str, limit: int = 80) -> str:
+    """The PromQL on one line, cut to ``limit`` characters (for errors about the source)."""
+    flat = " ".join(expr.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _excerpt(body: bytes) -> str:

@@ -154,7 +154,7 @@ class TestRuleErrors:
             status=400,
             body={"status": "error", "errorType": "bad_data", "error": 'parse error: unexpected "}"'},
         )
-        with pytest.raises(QueryError, match=r"bad_data.*unexpected.*sum\(x\}"):
+        with pytest.raises(QueryError, match=r"bad_data.*unexpected.*query: sum\(x\}"):
             source(fake).query("sum(x}", at=AT)
         assert len(fake.requests) == 1  # a broken rule is not retried
 
