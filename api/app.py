@@ -1,0 +1,106 @@
+"""The FastAPI application factory.
+
+``create_app`` builds the app around what its host gives it: the settings, a session factory, and
+optionally a clock, the live rule set, leadership and the metrics registry. ``healer run`` serves
+it inside the controller (passing the live providers); ``healer serve`` runs it on its own.
+
+Routes: the dashboard pages (``/``, ``/nodes/{name}``, ``/tickets``, ``/rules``, ``/audit``,
+``/login``) and their operator forms, the JSON API under ``/api/v1`` (OpenAPI at ``/docs``), the
+inbound provider callbacks (when the tickets feature provides them), and ``/healthz``, ``/readyz``,
+``/metrics``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, FastAPI
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.auth import Auth, CsrfCookieMiddleware
+from api.errors import install_error_handlers
+from api.rendering import STATIC_DIR
+from api.routes import api_v1, ops, pages
+from healer import __version__
+from healer.config import Settings
+from healer.metrics import HealerMetrics
+from healer.ruleset.schema import RuleSet
+from healer.sources.prometheus_range import PrometheusRange
+
+#: The chart's range queries must not hold a page for the full detection timeout.
+CHART_TIMEOUT_SECONDS = 3.0
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def create_app(
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    *,
+    clock: Callable[[], datetime] | None = None,
+    ruleset_provider: Callable[[], RuleSet | None] | None = None,
+    leader_provider: Callable[[], bool] | None = None,
+    metrics: HealerMetrics | None = None,
+    prometheus: PrometheusRange | None = None,
+) -> FastAPI:
+    """Build the dashboard and API app.
+
+    Args:
+        settings: healer's settings (``api`` for access control, ``safety`` for budgets shown,
+            ``prometheus`` for charts, ``scheduler`` for readiness).
+        session_factory: database sessions; each request opens its own.
+        clock: returns aware UTC now (default: the system clock).
+        ruleset_provider: returns the rule set in force (None: rules are then listed from recent
+            evaluations).
+        leader_provider: returns whether this process holds the leader Lease (shown by ``/readyz``).
+        metrics: the process's metrics; default a fresh registry. Either way the scrape-time
+            database collector is added here.
+        prometheus: the range-query adapter for charts (default: from ``settings.prometheus``).
+
+    The app keeps them on ``app.state`` (``settings``, ``session_factory``, ``clock``, ...).
+    """
+    app = FastAPI(
+        title="healer",
+        version=__version__,
+        description="GPU node health remediation: fleet state, history, tickets, rules, audit and actions.",
+    )
+    app.state.settings = settings
+    app.state.session_factory = session_factory
+    app.state.clock = clock or _utc_now
+    app.state.ruleset_provider = ruleset_provider
+    app.state.leader_provider = leader_provider
+    app.state.metrics = metrics or HealerMetrics()
+    app.state.metrics.register_database(session_factory)
+    app.state.auth = Auth(settings.api)
+    app.state.prometheus = prometheus or PrometheusRange(
+        settings.prometheus.url,
+        timeout_seconds=min(settings.prometheus.timeout_seconds, CHART_TIMEOUT_SECONDS),
+        headers=settings.prometheus.headers,
+        verify_tls=settings.prometheus.verify_tls,
+    )
+    install_error_handlers(app)
+    app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.include_router(ops.router)
+    app.include_router(api_v1.router)
+    callbacks = _ticket_callbacks()
+    if callbacks is not None:
+        app.include_router(callbacks)
+    app.include_router(pages.router)
+    return app
+
+
+def _ticket_callbacks() -> APIRouter | None:
+    # Inbound provider callbacks belong to the tickets feature; mounted once it exists.
+    try:
+        module = importlib.import_module("api.routes.ticket_callbacks")
+    except ModuleNotFoundError as exc:
+        if exc.name != "api.routes.ticket_callbacks":
+            raise
+        return None
+    return getattr(module, "router", None)

@@ -1,0 +1,71 @@
+"""Request dependencies: the database session, the caller's identity, the clock, the rule set."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from api.auth import Auth, Identity
+from api.errors import ApiError
+from healer.config import Settings
+from healer.ruleset.schema import RuleSet
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A read session for the request; handlers that write open their own transaction."""
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+def get_identity(request: Request) -> Identity:
+    """The caller (see :mod:`api.auth`); also stored on ``request.state.identity`` for templates.
+
+    Raises:
+        ApiError: 401 when nothing identifies the caller and anonymous access is off.
+    """
+    auth: Auth = request.app.state.auth
+    identity = auth.identify(request)
+    if identity is None:
+        raise ApiError(401, "authentication required: a bearer token, a login, or the proxy's user header")
+    request.state.identity = identity
+    return identity
+
+
+def require_operator(identity: Annotated[Identity, Depends(get_identity)]) -> Identity:
+    """The caller, if an operator.
+
+    Raises:
+        ApiError: 403 for viewers.
+    """
+    if not identity.is_operator:
+        raise ApiError(403, f"{identity.user} is a {identity.role}; this action needs the operator role")
+    return identity
+
+
+def get_now(request: Request) -> datetime:
+    """Now, aware UTC, from the app's clock (tests pass a fixed one)."""
+    now: datetime = request.app.state.clock()
+    return now
+
+
+def get_ruleset(request: Request) -> RuleSet | None:
+    """The rule set the controller runs (or ``healer serve`` loaded); None when there is none."""
+    provider = request.app.state.ruleset_provider
+    return provider() if provider is not None else None
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+IdentityDep = Annotated[Identity, Depends(get_identity)]
+OperatorDep = Annotated[Identity, Depends(require_operator)]
+NowDep = Annotated[datetime, Depends(get_now)]
+RuleSetDep = Annotated[RuleSet | None, Depends(get_ruleset)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

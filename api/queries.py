@@ -1,0 +1,724 @@
+"""The dashboard's read side: every page and list endpoint is a handful of aggregate queries.
+
+No N+1: a page of nodes costs one query for the nodes and one each for their rules, GPU counts and
+tickets, whatever the page size. Lists use keyset (cursor) pagination on ``(sort key, id)`` so the
+thousandth page costs what the first does. All functions take the caller's session and ``now``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import Select, and_, case, func, or_, select
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
+
+from api.errors import ApiError
+from api.schemas import (
+    ActionOut,
+    BreakerOut,
+    FindingOut,
+    FleetStatus,
+    GpuOut,
+    IncidentOut,
+    LastTick,
+    NodeDetail,
+    NodeSummary,
+    Page,
+    PoolBudget,
+    ProviderStats,
+    RejectedReload,
+    RuleOut,
+    RulesOut,
+    TicketBrief,
+    TicketOut,
+    TransitionOut,
+)
+from healer.config import SafetySettings
+from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState, OutboxStatus, TicketStatus
+from healer.ruleset.schema import RuleSet
+from healer.store import nodes as repo
+from healer.store.models import (
+    Action,
+    Finding,
+    Gpu,
+    Incident,
+    Node,
+    OutboxMessage,
+    RuleEvaluation,
+    Switch,
+    Ticket,
+    Transition,
+)
+from healer.tickets import service as tickets_service
+
+ACTIVE_FINDINGS = (FindingState.PENDING, FindingState.FIRING)
+#: Ticket statuses after which nothing more happens on the provider's side.
+CLOSED_TICKETS = (TicketStatus.RESOLVED, TicketStatus.REJECTED, TicketStatus.FAILED, TicketStatus.CLOSED)
+MAX_LIMIT = 500
+#: How far back the dashboard looks for rules when no rule set is loaded (``healer serve`` without
+#: rules, tests): long enough to cover a controller restart.
+RECENT_RULES_WINDOW = timedelta(days=1)
+
+NodeSort = Literal["since", "name"]
+
+
+# --- cursors -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where the previous page ended: the sort it used, the last row's sort key and id."""
+
+    sort: str
+    key: Any
+    id: int
+
+    def encode(self) -> str:
+        raw = json.dumps([self.sort, self.key, self.id], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, value: str, *, sort: str) -> Cursor:
+        """Parse a cursor made for ``sort``.
+
+        Raises:
+            ApiError: 400 ``invalid_cursor`` when it is malformed or made for another sort.
+        """
+        try:
+            raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            made_for, key, row_id = json.loads(raw)
+        except (binascii.Error, ValueError, TypeError) as exc:
+            raise ApiError(400, "invalid cursor", code="invalid_cursor") from exc
+        if made_for != sort or not isinstance(row_id, int):
+            raise ApiError(400, "cursor does not belong to this listing", code="invalid_cursor")
+        return cls(sort=made_for, key=key, id=row_id)
+
+
+def _time_key(value: Any) -> datetime:
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError as exc:
+        raise ApiError(400, "invalid cursor", code="invalid_cursor") from exc
+    if when.tzinfo is None:
+        raise ApiError(400, "invalid cursor", code="invalid_cursor")
+    return when
+
+
+def _after_desc(column: ColumnElement[Any], id_column: ColumnElement[int], key: Any, row_id: int) -> Any:
+    """Rows after ``(key, id)`` in ``ORDER BY column DESC, id DESC``."""
+    return or_(column < key, and_(column == key, id_column < row_id))
+
+
+def _clamp(limit: int) -> int:
+    return max(1, min(limit, MAX_LIMIT))
+
+
+# --- fleet -------------------------------------------------------------------------------------
+
+
+def fleet_status(
+    session: Session, *, now: datetime, safety: SafetySettings, ruleset: RuleSet | None
+) -> FleetStatus:
+    """Counts per state, switches, budget use per pool, last tick and per-rule health."""
+    counts = {str(s): 0 for s in NodeState}
+    counts.update(session.execute(select(Node.state, func.count()).group_by(Node.state)).all())
+    out_of_service = case((Node.state.in_([str(s) for s in OUT_OF_SERVICE]), 1), else_=0)
+    budgets = []
+    for pool, nodes, out in session.execute(
+        select(Node.pool, func.count(), func.sum(out_of_service)).group_by(Node.pool).order_by(Node.pool)
+    ):
+        limit = min(safety.max_unhealthy, int(nodes * safety.max_unhealthy_percent // 100))
+        budgets.append(PoolBudget(pool=pool, nodes=nodes, out_of_service=int(out or 0), limit=limit))
+    switches = {
+        row.name: dict(row.value)
+        for row in session.scalars(
+            select(Switch).where(
+                Switch.name.in_([repo.SWITCH_PAUSED, repo.SWITCH_BREAKER, repo.SWITCH_LAST_TICK])
+            )
+        )
+    }
+    paused = switches.get(repo.SWITCH_PAUSED, {})
+    breaker = switches.get(repo.SWITCH_BREAKER, {})
+    return FleetStatus(
+        total=sum(counts.values()),
+        counts=counts,
+        paused=bool(paused.get("paused")),
+        pause_reason=paused.get("reason") or None,
+        dry_run=safety.dry_run,
+        breaker=BreakerOut(
+            tripped=bool(breaker.get("tripped")),
+            reason=breaker.get("reason") or breaker.get("last_reason"),
+            tripped_at=breaker.get("tripped_at"),
+            held=list(breaker.get("held", []) or []) if breaker.get("tripped") else [],
+        ),
+        budgets=budgets,
+        last_tick=_last_tick(switches.get(repo.SWITCH_LAST_TICK, {}), now=now),
+        rules=rules_with_health(session, ruleset=ruleset, now=now),
+    )
+
+
+def _last_tick(value: dict[str, Any], *, now: datetime) -> LastTick | None:
+    if not value.get("at"):
+        return None
+    at = datetime.fromisoformat(value["at"])
+    return LastTick(
+        at=at,
+        duration_seconds=value.get("duration_seconds"),
+        leader=value.get("leader"),
+        age_seconds=(now - at).total_seconds(),
+    )
+
+
+def last_tick(session: Session, *, now: datetime) -> LastTick | None:
+    """The last completed tick (any replica), from the ``last_tick`` switch."""
+    return _last_tick(repo.get_switch(session, repo.SWITCH_LAST_TICK), now=now)
+
+
+# --- rules -------------------------------------------------------------------------------------
+
+
+def rules_with_health(session: Session, *, ruleset: RuleSet | None, now: datetime) -> list[RuleOut]:
+    """The rule set's rules with their latest evaluation and firing/pending node counts.
+
+    Without a rule set, the rules evaluated in the last day (as the controller recorded them).
+    """
+    if ruleset is not None:
+        rules = [
+            RuleOut(
+                name=r.name,
+                group=g.name,
+                expr=r.expr,
+                for_seconds=r.for_,
+                keep_firing_for_seconds=r.keep_firing_for,
+                severity=r.severity,
+                kind=r.kind,
+                actions=[a.kind for a in r.actions],
+            )
+            for g in ruleset.groups
+            for r in g.rules
+        ]
+    else:
+        recent = session.execute(
+            select(RuleEvaluation.rule, RuleEvaluation.group)
+            .where(RuleEvaluation.evaluated_at >= now - RECENT_RULES_WINDOW)
+            .distinct()
+        ).all()
+        rules = [
+            RuleOut(
+                name=rule,
+                group=group,
+                expr="",
+                for_seconds=0,
+                keep_firing_for_seconds=0,
+                severity="",
+                kind="",
+                actions=[],
+            )
+            for rule, group in sorted(set(recent))
+        ]
+    if not rules:
+        return []
+    names = [r.name for r in rules]
+    # One statement; each subquery is an index seek on (rule, evaluated_at): cheap however long
+    # the evaluation history is (a GROUP BY would read all of it).
+    latest_ids = [
+        select(RuleEvaluation.id)
+        .where(RuleEvaluation.rule == name)
+        .order_by(RuleEvaluation.evaluated_at.desc(), RuleEvaluation.id.desc())
+        .limit(1)
+        .scalar_subquery()
+        for name in names
+    ]
+    latest = {
+        e.rule: e for e in session.scalars(select(RuleEvaluation).where(RuleEvaluation.id.in_(latest_ids)))
+    }
+    active: dict[tuple[str, str], int] = {}
+    for rule, state, count in session.execute(
+        select(Finding.rule, Finding.state, func.count(func.distinct(Finding.node_name)))
+        .where(Finding.rule.in_(names), Finding.state.in_([str(s) for s in ACTIVE_FINDINGS]))
+        .group_by(Finding.rule, Finding.state)
+    ):
+        active[(rule, state)] = count
+    out = []
+    for r in rules:
+        ev = latest.get(r.name)
+        update: dict[str, Any] = {
+            "firing_nodes": active.get((r.name, FindingState.FIRING), 0),
+            "pending_nodes": active.get((r.name, FindingState.PENDING), 0),
+        }
+        if ev is not None:
+            update.update(
+                health=ev.health,
+                last_error=ev.error,
+                last_evaluated_at=ev.evaluated_at,
+                last_duration_seconds=ev.duration_seconds,
+                series=ev.series,
+            )
+        out.append(r.model_copy(update=update))
+    return out
+
+
+def rules_page(session: Session, *, ruleset: RuleSet | None, now: datetime) -> RulesOut:
+    """The rules page and ``/api/v1/rules``: rules, health, and the last rejected reloads."""
+    status = repo.get_switch(session, repo.SWITCH_RULESET)
+    rejected = [
+        RejectedReload(at=item.get("at"), error=str(item.get("error", "")))
+        for item in status.get("rejected", []) or []
+        if isinstance(item, dict)
+    ]
+    sources = list(ruleset.sources) if ruleset is not None else list(status.get("sources", []) or [])
+    return RulesOut(
+        loaded=ruleset is not None,
+        loaded_at=status.get("loaded_at"),
+        sources=[str(s) for s in sources],
+        rules=rules_with_health(session, ruleset=ruleset, now=now),
+        rejected=rejected,
+    )
+
+
+# --- nodes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeFilter:
+    """Filters of the node list: states (any of), pool, rule (an active finding), name substring.
+
+    ``unhealthy`` keeps nodes not in ``healthy`` (the fleet page's default).
+    """
+
+    states: tuple[str, ...] = ()
+    pool: str | None = None
+    rule: str | None = None
+    text: str | None = None
+    unhealthy: bool = False
+
+
+def _node_query(flt: NodeFilter) -> Select[tuple[Node]]:
+    query = select(Node)
+    if flt.states:
+        query = query.where(Node.state.in_(flt.states))
+    if flt.unhealthy:
+        query = query.where(Node.state != NodeState.HEALTHY)
+    if flt.pool:
+        query = query.where(Node.pool == flt.pool)
+    if flt.text:
+        escaped = flt.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = query.where(Node.name.like(f"%{escaped}%", escape="\\"))
+    if flt.rule:
+        query = query.where(
+            Node.name.in_(
+                select(Finding.node_name).where(
+                    Finding.rule == flt.rule, Finding.state.in_([str(s) for s in ACTIVE_FINDINGS])
+                )
+            )
+        )
+    return query
+
+
+def list_nodes(
+    session: Session,
+    *,
+    flt: NodeFilter,
+    sort: NodeSort = "since",
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[NodeSummary]:
+    """One page of nodes, sorted by ``since`` (most recent state change first) or ``name``.
+
+    Raises:
+        ApiError: 400 for an invalid cursor.
+    """
+    limit = _clamp(limit)
+    query = _node_query(flt)
+    if sort == "name":
+        query = query.order_by(Node.name, Node.id)
+        if cursor:
+            c = Cursor.decode(cursor, sort=sort)
+            query = query.where(or_(Node.name > str(c.key), and_(Node.name == str(c.key), Node.id > c.id)))
+    else:
+        query = query.order_by(Node.state_since.desc(), Node.id.desc())
+        if cursor:
+            c = Cursor.decode(cursor, sort=sort)
+            query = query.where(_after_desc(Node.state_since, Node.id, _time_key(c.key), c.id))
+    rows = list(session.scalars(query.limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = None
+    if more:
+        last = rows[-1]
+        key: Any = last.name if sort == "name" else last.state_since.isoformat()
+        next_cursor = Cursor(sort=sort, key=key, id=last.id).encode()
+    return Page[NodeSummary](items=summarize_nodes(session, rows), next_cursor=next_cursor)
+
+
+def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary]:
+    """Summaries of ``nodes`` with their active rules, GPU counts and latest ticket: 3 queries."""
+    if not nodes:
+        return []
+    ids = [n.id for n in nodes]
+    names = [n.name for n in nodes]
+    rules: dict[str, set[str]] = defaultdict(set)
+    gpus: dict[str, set[str]] = defaultdict(set)
+    for node_name, rule, gpu in session.execute(
+        select(Finding.node_name, Finding.rule, Finding.gpu).where(
+            Finding.node_name.in_(names), Finding.state.in_([str(s) for s in ACTIVE_FINDINGS])
+        )
+    ):
+        rules[node_name].add(rule)
+        if gpu is not None:
+            gpus[node_name].add(gpu)
+    gpu_counts = dict(
+        session.execute(
+            select(Gpu.node_id, func.count()).where(Gpu.node_id.in_(ids)).group_by(Gpu.node_id)
+        ).all()
+    )
+    tickets: dict[int, TicketBrief] = {}
+    for t in session.scalars(
+        select(Ticket).where(Ticket.node_id.in_(ids)).order_by(Ticket.created_at.desc(), Ticket.id.desc())
+    ):
+        tickets.setdefault(
+            t.node_id, TicketBrief(id=t.id, provider=t.provider, status=t.status, external_id=t.external_id)
+        )
+    return [
+        NodeSummary(
+            name=n.name,
+            pool=n.pool,
+            state=n.state,
+            state_since=n.state_since,
+            opted_out=n.opted_out,
+            rules=sorted(rules.get(n.name, ())),
+            affected_gpus=sorted(gpus.get(n.name, ()), key=_gpu_sort_key),
+            gpu_count=gpu_counts.get(n.id, 0),
+            ticket=tickets.get(n.id),
+        )
+        for n in nodes
+    ]
+
+
+def _gpu_sort_key(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+def get_node(session: Session, name: str) -> Node:
+    """The node called ``name``.
+
+    Raises:
+        ApiError: 404 when healer does not know it.
+    """
+    node = session.scalar(select(Node).where(Node.name == name))
+    if node is None:
+        raise ApiError(404, f"unknown node {name!r}")
+    return node
+
+
+#: How much of each history the node page shows; the JSON list endpoints page through the rest.
+NODE_PAGE_ROWS = 100
+
+
+def node_detail(session: Session, name: str, *, now: datetime) -> NodeDetail:
+    """Everything the node page shows, newest first, bounded by :data:`NODE_PAGE_ROWS` per history.
+
+    Raises:
+        ApiError: 404 for an unknown node.
+    """
+    node = get_node(session, name)
+    (summary,) = summarize_nodes(session, [node])
+    incidents = list(
+        session.scalars(
+            select(Incident)
+            .where(Incident.node_id == node.id)
+            .order_by(Incident.opened_at.desc(), Incident.id.desc())
+            .limit(20)
+        )
+    )
+    transitions = session.scalars(
+        select(Transition)
+        .where(Transition.node_id == node.id)
+        .order_by(Transition.at.desc(), Transition.id.desc())
+        .limit(NODE_PAGE_ROWS)
+    )
+    findings = session.scalars(
+        select(Finding)
+        .where(Finding.node_name == node.name)
+        .order_by(Finding.active_since.desc(), Finding.id.desc())
+        .limit(NODE_PAGE_ROWS)
+    )
+    actions = list(
+        session.scalars(
+            select(Action)
+            .where(Action.node_id == node.id)
+            .order_by(Action.created_at.desc(), Action.id.desc())
+            .limit(NODE_PAGE_ROWS)
+        )
+    )
+    tickets = list(
+        session.scalars(
+            select(Ticket).where(Ticket.node_id == node.id).order_by(Ticket.created_at.desc()).limit(20)
+        )
+    )
+    return NodeDetail(
+        node=summary,
+        gpus=[GpuOut.model_validate(g, from_attributes=True) for g in node.gpus],
+        open_incident=next((_incident(i, node.name) for i in incidents if i.closed_at is None), None),
+        incidents=[_incident(i, node.name) for i in incidents],
+        transitions=[TransitionOut.model_validate(t, from_attributes=True) for t in transitions],
+        findings=[FindingOut.model_validate(f, from_attributes=True) for f in findings],
+        actions=[ActionOut.model_validate(a, from_attributes=True) for a in actions if a.kind != "note"],
+        notes=[ActionOut.model_validate(a, from_attributes=True) for a in actions if a.kind == "note"],
+        tickets=ticket_rows(session, tickets, {node.id: node.name}, now=now),
+    )
+
+
+def _incident(i: Incident, node_name: str) -> IncidentOut:
+    return IncidentOut(
+        id=i.id,
+        node=node_name,
+        opened_at=i.opened_at,
+        closed_at=i.closed_at,
+        summary=i.summary,
+        close_reason=i.close_reason,
+        escalated=i.escalated,
+    )
+
+
+def node_transitions(
+    session: Session, name: str, *, cursor: str | None = None, limit: int = 100
+) -> Page[TransitionOut]:
+    """A node's lifecycle history, newest first.
+
+    Raises:
+        ApiError: 404 unknown node, 400 invalid cursor.
+    """
+    node = get_node(session, name)
+    query = select(Transition).where(Transition.node_id == node.id)
+    return _page_by_time(
+        session, query, Transition.at, Transition.id, cursor, limit, "transitions", TransitionOut
+    )
+
+
+def _page_by_time(
+    session: Session,
+    query: Select[Any],
+    time_col: Any,
+    id_col: Any,
+    cursor: str | None,
+    limit: int,
+    sort: str,
+    model: type[Any],
+    convert: Any = None,
+) -> Page[Any]:
+    limit = _clamp(limit)
+    if cursor:
+        c = Cursor.decode(cursor, sort=sort)
+        query = query.where(_after_desc(time_col, id_col, _time_key(c.key), c.id))
+    rows = list(session.scalars(query.order_by(time_col.desc(), id_col.desc()).limit(limit + 1)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = None
+    if more:
+        last = rows[-1]
+        next_cursor = Cursor(
+            sort=sort, key=getattr(last, time_col.key).isoformat(), id=getattr(last, id_col.key)
+        ).encode()
+    items = convert(rows) if convert else [model.model_validate(r, from_attributes=True) for r in rows]
+    return Page[model](items=items, next_cursor=next_cursor)  # type: ignore[valid-type]
+
+
+# --- incidents and findings --------------------------------------------------------------------
+
+
+def list_incidents(
+    session: Session,
+    *,
+    node: str | None = None,
+    open_only: bool = False,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[IncidentOut]:
+    """Incidents, newest opened first."""
+    query = select(Incident)
+    if node:
+        query = query.where(Incident.node_id == get_node(session, node).id)
+    if open_only:
+        query = query.where(Incident.closed_at.is_(None))
+
+    def convert(rows: list[Incident]) -> list[IncidentOut]:
+        names = _node_names(session, {r.node_id for r in rows})
+        return [_incident(r, names.get(r.node_id, "")) for r in rows]
+
+    return _page_by_time(
+        session, query, Incident.opened_at, Incident.id, cursor, limit, "incidents", IncidentOut, convert
+    )
+
+
+def list_findings(
+    session: Session,
+    *,
+    node: str | None = None,
+    rule: str | None = None,
+    state: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[FindingOut]:
+    """Findings, most recently active first."""
+    query = select(Finding)
+    if node:
+        query = query.where(Finding.node_name == node)
+    if rule:
+        query = query.where(Finding.rule == rule)
+    if state:
+        query = query.where(Finding.state == state)
+    return _page_by_time(
+        session, query, Finding.active_since, Finding.id, cursor, limit, "findings", FindingOut
+    )
+
+
+def _node_names(session: Session, ids: Iterable[int | None]) -> dict[int, str]:
+    wanted = [i for i in set(ids) if i is not None]
+    if not wanted:
+        return {}
+    return dict(session.execute(select(Node.id, Node.name).where(Node.id.in_(wanted))).all())
+
+
+# --- tickets -----------------------------------------------------------------------------------
+
+
+def ticket_rows(
+    session: Session, tickets: Sequence[Ticket], node_names: dict[int, str] | None, *, now: datetime
+) -> list[TicketOut]:
+    """Tickets with timings and their latest delivery error (one outbox query for all of them)."""
+    if not tickets:
+        return []
+    names = node_names if node_names is not None else _node_names(session, (t.node_id for t in tickets))
+    latest_message: dict[int, OutboxMessage] = {}
+    for msg in session.scalars(
+        select(OutboxMessage)
+        .where(OutboxMessage.ticket_id.in_([t.id for t in tickets]))
+        .order_by(OutboxMessage.created_at.desc(), OutboxMessage.id.desc())
+    ):
+        latest_message.setdefault(msg.ticket_id, msg)
+    out = []
+    for t in tickets:
+        msg = latest_message.get(t.id)
+        started = t.sent_at or t.created_at
+        delivery_error = t.last_error
+        if msg is not None and msg.last_error and msg.status != OutboxStatus.DELIVERED:
+            code = f"HTTP {msg.last_status_code}: " if msg.last_status_code else ""
+            delivery_error = f"{code}{msg.last_error}"
+        out.append(
+            TicketOut(
+                id=t.id,
+                incident_id=t.incident_id,
+                node=names.get(t.node_id, ""),
+                provider=t.provider,
+                status=t.status,
+                open=t.status not in CLOSED_TICKETS,
+                external_id=t.external_id,
+                escalated=t.escalated,
+                reason=t.reason,
+                created_at=t.created_at,
+                sent_at=t.sent_at,
+                acknowledged_at=t.acknowledged_at,
+                resolved_at=t.resolved_at,
+                closed_by=t.closed_by,
+                age_seconds=(now - t.created_at).total_seconds(),
+                time_to_acknowledge_seconds=(t.acknowledged_at - started).total_seconds()
+                if t.acknowledged_at
+                else None,
+                time_to_repair_seconds=(t.resolved_at - t.created_at).total_seconds()
+                if t.resolved_at
+                else None,
+                delivery_attempts=msg.attempts if msg is not None else 0,
+                delivery_error=delivery_error,
+            )
+        )
+    return out
+
+
+def list_tickets(
+    session: Session,
+    *,
+    now: datetime,
+    open_only: bool | None = None,
+    status: str | None = None,
+    provider: str | None = None,
+    node: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Page[TicketOut]:
+    """Tickets, newest first; ``open_only`` True: not yet resolved/rejected/failed/closed."""
+    query = select(Ticket)
+    if open_only is True:
+        query = query.where(Ticket.status.notin_([str(s) for s in CLOSED_TICKETS]))
+    elif open_only is False:
+        query = query.where(Ticket.status.in_([str(s) for s in CLOSED_TICKETS]))
+    if status:
+        query = query.where(Ticket.status == status)
+    if provider:
+        query = query.where(Ticket.provider == provider)
+    if node:
+        query = query.where(Ticket.node_id == get_node(session, node).id)
+
+    def convert(rows: list[Ticket]) -> list[TicketOut]:
+        return ticket_rows(session, rows, None, now=now)
+
+    return _page_by_time(
+        session, query, Ticket.created_at, Ticket.id, cursor, limit, "tickets", TicketOut, convert
+    )
+
+
+#: The tickets page's provider statistics cover this period.
+STATS_WINDOW = timedelta(days=30)
+
+
+def provider_stats(session: Session, *, now: datetime) -> list[ProviderStats]:
+    """Per provider: open tickets, and over :data:`STATS_WINDOW` medians to acknowledge and repair."""
+    return [
+        ProviderStats.model_validate(s, from_attributes=True)
+        for s in tickets_service.provider_stats(session, since=now - STATS_WINDOW)
+    ]
+
+
+def get_ticket(session: Session, ticket_id: int) -> Ticket:
+    """Raises ApiError 404 for an unknown ticket."""
+    ticket = session.get(Ticket, ticket_id)
+    if ticket is None:
+        raise ApiError(404, f"unknown ticket {ticket_id}")
+    return ticket
+
+
+# --- audit -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    """Audit log filters: kind (release, cordon, ...), status (refused, dry_run, ...), actor, target."""
+
+    kind: str | None = None
+    status: str | None = None
+    actor: str | None = None
+    target: str | None = None
+
+
+def list_actions(
+    session: Session, *, flt: AuditFilter, cursor: str | None = None, limit: int = 50
+) -> Page[ActionOut]:
+    """The audit log, newest first."""
+    query = select(Action)
+    if flt.kind:
+        query = query.where(Action.kind == flt.kind)
+    if flt.status:
+        query = query.where(Action.status == flt.status)
+    if flt.actor:
+        query = query.where(Action.actor == flt.actor)
+    if flt.target:
+        query = query.where(Action.target == flt.target)
+    return _page_by_time(session, query, Action.created_at, Action.id, cursor, limit, "audit", ActionOut)

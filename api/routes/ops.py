@@ -1,0 +1,71 @@
+"""Operations endpoints for Kubernetes and Prometheus: ``/healthz``, ``/readyz``, ``/metrics``.
+
+They need no authentication (probes and scrapers carry none) and reveal only counts.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from api import queries
+from api.schemas import ReadyOut
+from healer.metrics import HealerMetrics
+
+router = APIRouter(tags=["ops"])
+
+#: A tick older than this many default intervals means the controller is stuck or gone.
+STALE_TICKS = 3
+
+
+@router.get("/healthz", summary="Process is up")
+def healthz() -> dict[str, str]:
+    """Always 200 while the process serves requests (liveness)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut}}, summary="Ready")
+def readyz(request: Request) -> Response:
+    """200 when the database answers and a tick (by any replica) finished within three default
+    intervals; 503 with the reasons otherwise.
+
+    Leadership is reported but does not make a replica unready: the standby must stay in the
+    Service (it serves the dashboard) and in rollouts (an unready standby would stall them).
+    """
+    state = request.app.state
+    now = state.clock()
+    reasons: list[str] = []
+    database = True
+    tick = None
+    try:
+        with state.session_factory() as session:
+            session.execute(text("SELECT 1"))
+            tick = queries.last_tick(session, now=now)
+    except SQLAlchemyError as exc:
+        database = False
+        reasons.append(f"database unreachable: {exc.__class__.__name__}")
+    limit = STALE_TICKS * state.settings.scheduler.default_interval_seconds
+    if database and tick is None:
+        reasons.append("no tick recorded yet")
+    elif tick is not None and tick.age_seconds > limit:
+        reasons.append(f"last tick {tick.age_seconds:.0f}s ago (limit {limit:.0f}s)")
+    leader = state.leader_provider() if state.leader_provider is not None else None
+    body = ReadyOut(
+        ready=not reasons,
+        reasons=reasons,
+        database=database,
+        last_tick_at=tick.at if tick else None,
+        last_tick_age_seconds=tick.age_seconds if tick else None,
+        leader=leader,
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    """healer's metrics in the Prometheus text format (see :mod:`healer.metrics`)."""
+    registry: HealerMetrics = request.app.state.metrics
+    return Response(registry.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,483 @@
+"""The dashboard: server-rendered pages (readable with JavaScript off) and operator forms.
+
+Operator actions take two steps: a GET shows what will happen and asks for confirmation (a
+required checkbox), the POST does it. Every POST checks the role, the CSRF token and the
+confirmation, then redirects (303) to the page the action concerns, which shows the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Depends, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from api import charts, operator, queries
+from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
+from api.deps import IdentityDep, NowDep, RuleSetDep, SessionDep, SettingsDep, require_operator
+from api.errors import ApiError
+from api.rendering import render
+from healer.engine.states import ActionStatus, NodeState, TicketStatus
+from healer.operations import RELEASABLE
+
+router = APIRouter(include_in_schema=False)
+
+PAGE_SIZE = 50
+
+#: Result banners after a redirect; fixed texts keyed by a code, so no text is reflected from the URL.
+DONE_MESSAGES = {
+    "release": "Node released: it is validating now and returns to service once its rules stay clear.",
+    "note": "Note added.",
+    "pause": "healer is paused: no new quarantine, drain or ticket.",
+    "resume": "healer resumed.",
+    "breaker-reset": "Circuit breaker reset; held nodes are re-evaluated on the next tick.",
+    "close": "Ticket closed.",
+    "login": "Logged in.",
+    "logout": "Logged out.",
+}
+
+
+def _done(request: Request) -> str | None:
+    return DONE_MESSAGES.get(request.query_params.get("done", ""))
+
+
+def _query_link(path: str, **params: str | None) -> str:
+    clean = {k: v for k, v in params.items() if v}
+    return f"{path}?{urlencode(clean)}" if clean else path
+
+
+# --- pages -------------------------------------------------------------------------------------
+
+
+@router.get("/")
+def fleet(
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    settings: SettingsDep,
+    _who: IdentityDep,
+    state: str | None = None,
+    pool: str | None = None,
+    rule: str | None = None,
+    q: str | None = None,
+    cursor: str | None = None,
+) -> Response:
+    """Counts, switches, budgets, rule health and the nodes that are not healthy."""
+    status = queries.fleet_status(session, now=now, safety=settings.safety, ruleset=ruleset)
+    flt = queries.NodeFilter(
+        states=(state,) if state else (), pool=pool, rule=rule, text=q, unhealthy=not state
+    )
+    page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE)
+    filters = {"state": state, "pool": pool, "rule": rule, "q": q}
+    return render(
+        request,
+        "fleet.html",
+        {
+            "status": status,
+            "page": page,
+            "filters": filters,
+            "states": [str(s) for s in NodeState],
+            "pools": [b.pool for b in status.budgets],
+            "next_link": _query_link("/", **filters, cursor=page.next_cursor) if page.next_cursor else None,
+            "first_link": _query_link("/", **filters) if cursor else None,
+            "now": now,
+            "done": _done(request),
+        },
+    )
+
+
+@router.get("/nodes/{name}")
+def node_page(
+    name: str, request: Request, session: SessionDep, now: NowDep, ruleset: RuleSetDep, _who: IdentityDep
+) -> Response:
+    """Timeline, findings, actions, tickets, GPUs, notes and the chart of one node."""
+    detail = queries.node_detail(session, name, now=now)
+    incident = detail.open_incident or (detail.incidents[0] if detail.incidents else None)
+    start, end = charts.chart_window(
+        incident.opened_at if incident else None, incident.closed_at if incident else None, now=now
+    )
+    chart = charts.build_chart(
+        request.app.state.prometheus,
+        node=name,
+        node_labels=charts.node_labels_of(ruleset),
+        start=start,
+        end=end,
+    )
+    return render(
+        request,
+        "node.html",
+        {
+            "d": detail,
+            "chart": chart,
+            "incident": incident,
+            "now": now,
+            "done": _done(request),
+            "releasable": detail.node.state in {str(s) for s in RELEASABLE},
+        },
+    )
+
+
+@router.get("/tickets")
+def tickets_page(request: Request, session: SessionDep, now: NowDep, _who: IdentityDep) -> Response:
+    """Open tickets (all of them, oldest waiting first) and the recently finished ones."""
+    open_tickets = queries.list_tickets(session, now=now, open_only=True, limit=queries.MAX_LIMIT).items
+    open_tickets.sort(key=lambda t: t.created_at)
+    recent = queries.list_tickets(session, now=now, open_only=False, limit=PAGE_SIZE).items
+    return render(
+        request,
+        "tickets.html",
+        {
+            "open_tickets": open_tickets,
+            "recent": recent,
+            "stats": queries.provider_stats(session, now=now),
+            "now": now,
+            "done": _done(request),
+        },
+    )
+
+
+@router.get("/rules")
+def rules_page(
+    request: Request, session: SessionDep, now: NowDep, ruleset: RuleSetDep, _who: IdentityDep
+) -> Response:
+    """The loaded rule set with health, and the errors of a rejected reload."""
+    return render(
+        request, "rules.html", {"r": queries.rules_page(session, ruleset=ruleset, now=now), "now": now}
+    )
+
+
+@router.get("/audit")
+def audit_page(
+    request: Request,
+    session: SessionDep,
+    _who: IdentityDep,
+    kind: str | None = None,
+    status: str | None = None,
+    actor: str | None = None,
+    target: str | None = None,
+    cursor: str | None = None,
+) -> Response:
+    """Every action taken, dry-run or refused, and every operator action, by whom."""
+    flt = queries.AuditFilter(kind=kind, status=status, actor=actor, target=target)
+    page = queries.list_actions(session, flt=flt, cursor=cursor, limit=PAGE_SIZE)
+    filters = {"kind": kind, "status": status, "actor": actor, "target": target}
+    return render(
+        request,
+        "audit.html",
+        {
+            "page": page,
+            "filters": filters,
+            "statuses": [str(s) for s in ActionStatus],
+            "next_link": _query_link("/audit", **filters, cursor=page.next_cursor)
+            if page.next_cursor
+            else None,
+            "first_link": _query_link("/audit", **filters) if cursor else None,
+        },
+    )
+
+
+# --- login -------------------------------------------------------------------------------------
+
+
+def _safe_next(target: str | None) -> str:
+    # Only same-site paths: an open redirect would turn the login form into a phishing aid.
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
+
+
+@router.get("/login")
+def login_form(request: Request, next: str | None = None) -> Response:
+    """The login form: paste a bearer token from the settings to use it from the browser."""
+    auth: Auth = request.app.state.auth
+    request.state.identity = auth.read_login(request.cookies.get(SESSION_COOKIE))
+    return render(request, "login.html", {"next": _safe_next(next), "error": None, "done": _done(request)})
+
+
+@router.post("/login")
+def login(
+    request: Request,
+    token: Annotated[str, Form()] = "",
+    csrf_token: Annotated[str, Form(alias=CSRF_FIELD)] = "",
+    next: Annotated[str, Form()] = "/",
+) -> Response:
+    """Check the token; on success set the signed login cookie and go to ``next``."""
+    auth: Auth = request.app.state.auth
+    auth.check_csrf(request, csrf_token)
+    result = auth.login(token)
+    if result is None:
+        return render(
+            request,
+            "login.html",
+            {"next": _safe_next(next), "error": "Unknown token.", "done": None},
+            status_code=401,
+        )
+    _identity, cookie = result
+    secure = request.url.scheme == "https"
+    request.state.set_cookies.append(
+        cookie_header(SESSION_COOKIE, cookie, max_age=SESSION_MAX_AGE_SECONDS, secure=secure)
+    )
+    return RedirectResponse(_safe_next(next), status_code=303)
+
+
+@router.post("/logout")
+def logout(request: Request, csrf_token: Annotated[str, Form(alias=CSRF_FIELD)] = "") -> Response:
+    """Forget the login cookie."""
+    auth: Auth = request.app.state.auth
+    auth.check_csrf(request, csrf_token)
+    request.state.set_cookies.append(
+        cookie_header(SESSION_COOKIE, "", max_age=0, secure=request.url.scheme == "https")
+    )
+    return RedirectResponse("/login?done=logout", status_code=303)
+
+
+# --- operator actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfirmSpec:
+    """What a confirmation page says: title, explanation, button, and the text field it asks for."""
+
+    title: str
+    explain: str
+    button: str
+    field: str | None = "reason"  # "reason", "text" (a note) or None
+    field_required: bool = False
+
+
+SPECS = {
+    "release": ConfirmSpec(
+        "Release node",
+        "The node goes to validating: healer un-cordons it once its rules stay clear for the recovery "
+        "hold. Use this when the node was repaired or you take responsibility for it.",
+        "Release",
+    ),
+    "note": ConfirmSpec(
+        "Add a note",
+        "The note goes into the node's audit trail.",
+        "Add note",
+        field="text",
+        field_required=True,
+    ),
+    "pause": ConfirmSpec(
+        "Pause healer",
+        "No new quarantine, drain or ticket for any node until resumed. Detection and recording go on.",
+        "Pause",
+    ),
+    "resume": ConfirmSpec("Resume healer", "healer acts on findings again from the next tick.", "Resume"),
+    "breaker-reset": ConfirmSpec(
+        "Reset the circuit breaker",
+        "The nodes the breaker held back are re-evaluated against fresh data on the next tick; nothing "
+        "is replayed. Reset only once you know why many nodes went bad at once.",
+        "Reset breaker",
+        field=None,
+    ),
+    "close": ConfirmSpec(
+        "Close ticket",
+        "healer stops tracking this ticket. It does not tell the provider: close it there too if needed.",
+        "Close ticket",
+    ),
+}
+
+
+def _confirm_page(
+    request: Request,
+    action: str,
+    *,
+    target: str,
+    post_to: str,
+    back: str,
+    error: str | None = None,
+    status_code: int = 200,
+    value: str = "",
+) -> Response:
+    return render(
+        request,
+        "confirm.html",
+        {
+            "spec": SPECS[action],
+            "action": action,
+            "target": target,
+            "post_to": post_to,
+            "back": back,
+            "error": error,
+            "value": value,
+        },
+        status_code=status_code,
+    )
+
+
+@dataclass
+class FormPost:
+    """A submitted operator form, checked: role (403), CSRF (403)."""
+
+    who: Identity
+    confirmed: bool
+    reason: str
+    text: str
+
+
+def checked_form(
+    request: Request,
+    who: Annotated[Identity, Depends(require_operator)],
+    csrf_token: Annotated[str, Form(alias=CSRF_FIELD)] = "",
+    confirm: Annotated[str | None, Form()] = None,
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    text: Annotated[str, Form(max_length=10000)] = "",
+) -> FormPost:
+    """Dependency of every operator POST: operator role, valid CSRF token; collects the fields."""
+    auth: Auth = request.app.state.auth
+    auth.check_csrf(request, csrf_token)
+    return FormPost(who=who, confirmed=confirm == "yes", reason=reason.strip(), text=text)
+
+
+FormDep = Annotated[FormPost, Depends(checked_form)]
+OperatorPage = Annotated[Identity, Depends(require_operator)]
+
+
+def _run(
+    request: Request,
+    form: FormPost,
+    action: str,
+    *,
+    target: str,
+    post_to: str,
+    back: str,
+    do: object,
+) -> Response:
+    value = form.text if SPECS[action].field == "text" else form.reason
+    if not form.confirmed:
+        return _confirm_page(
+            request,
+            action,
+            target=target,
+            post_to=post_to,
+            back=back,
+            error="Tick the confirmation box to go ahead.",
+            status_code=400,
+            value=value,
+        )
+    try:
+        assert callable(do)
+        do()
+    except ApiError as exc:
+        if exc.status == 404:
+            raise
+        return _confirm_page(
+            request,
+            action,
+            target=target,
+            post_to=post_to,
+            back=back,
+            error=exc.message,
+            status_code=exc.status,
+            value=value,
+        )
+    sep = "&" if "?" in back else "?"
+    return RedirectResponse(f"{back}{sep}done={action}", status_code=303)
+
+
+def _node_link(name: str) -> str:
+    return f"/nodes/{quote(name, safe='')}"
+
+
+@router.get("/nodes/{name}/release")
+def release_confirm(name: str, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
+    node = queries.get_node(session, name)
+    link = _node_link(node.name)
+    return _confirm_page(
+        request, "release", target=f"node {node.name} ({node.state})", post_to=f"{link}/release", back=link
+    )
+
+
+@router.post("/nodes/{name}/release")
+def release_post(name: str, request: Request, form: FormDep, now: NowDep) -> Response:
+    link = _node_link(name)
+    factory = request.app.state.session_factory
+    return _run(
+        request,
+        form,
+        "release",
+        target=f"node {name}",
+        post_to=f"{link}/release",
+        back=link,
+        do=lambda: operator.release(factory, node=name, actor=form.who.user, now=now, reason=form.reason),
+    )
+
+
+@router.get("/nodes/{name}/note")
+def note_confirm(name: str, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
+    node = queries.get_node(session, name)
+    link = _node_link(node.name)
+    return _confirm_page(request, "note", target=f"node {node.name}", post_to=f"{link}/note", back=link)
+
+
+@router.post("/nodes/{name}/note")
+def note_post(name: str, request: Request, form: FormDep, now: NowDep) -> Response:
+    link = _node_link(name)
+    factory = request.app.state.session_factory
+    return _run(
+        request,
+        form,
+        "note",
+        target=f"node {name}",
+        post_to=f"{link}/note",
+        back=link,
+        do=lambda: operator.add_note(factory, node=name, actor=form.who.user, now=now, text=form.text),
+    )
+
+
+_CONTROLS = {"pause", "resume", "breaker-reset"}
+
+
+@router.get("/controls/{action}")
+def control_confirm(action: str, request: Request, _op: OperatorPage) -> Response:
+    if action not in _CONTROLS:
+        raise ApiError(404, f"no control {action!r}")
+    return _confirm_page(request, action, target="healer", post_to=f"/controls/{action}", back="/")
+
+
+@router.post("/controls/{action}")
+def control_post(action: str, request: Request, form: FormDep, now: NowDep) -> Response:
+    if action not in _CONTROLS:
+        raise ApiError(404, f"no control {action!r}")
+    factory = request.app.state.session_factory
+    user = form.who.user
+
+    def do() -> None:
+        if action == "breaker-reset":
+            operator.reset_breaker(factory, actor=user, now=now)
+        else:
+            operator.set_paused(factory, paused=action == "pause", actor=user, now=now, reason=form.reason)
+
+    return _run(request, form, action, target="healer", post_to=f"/controls/{action}", back="/", do=do)
+
+
+@router.get("/tickets/{ticket_id}/close")
+def close_confirm(ticket_id: int, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
+    ticket = queries.get_ticket(session, ticket_id)
+    target = f"ticket {ticket.id} ({ticket.provider}, {ticket.status})"
+    if ticket.status == TicketStatus.CLOSED:
+        raise ApiError(409, f"ticket {ticket.id} is already closed")
+    return _confirm_page(
+        request, "close", target=target, post_to=f"/tickets/{ticket_id}/close", back="/tickets"
+    )
+
+
+@router.post("/tickets/{ticket_id}/close")
+def close_post(ticket_id: int, request: Request, form: FormDep, now: NowDep) -> Response:
+    factory = request.app.state.session_factory
+    return _run(
+        request,
+        form,
+        "close",
+        target=f"ticket {ticket_id}",
+        post_to=f"/tickets/{ticket_id}/close",
+        back="/tickets",
+        do=lambda: operator.close_ticket(
+            factory, ticket_id=ticket_id, actor=form.who.user, now=now, reason=form.reason
+        ),
+    )

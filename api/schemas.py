@@ -1,0 +1,262 @@
+"""Response and request bodies of the JSON API (pydantic, so the OpenAPI document shows them).
+
+Times are aware UTC ISO 8601; durations are seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+T = TypeVar("T")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(..., description="Stable machine-readable code, e.g. not_found, csrf, conflict.")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer of the JSON API."""
+
+    error: ErrorDetail
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a list; pass ``next_cursor`` back as ``cursor`` for the next one (null: last page)."""
+
+    items: list[T]
+    next_cursor: str | None = None
+
+
+class TicketBrief(BaseModel):
+    id: int
+    provider: str
+    status: str
+    external_id: str | None = None
+
+
+class NodeSummary(BaseModel):
+    """A node in lists: state and why (active rules, affected GPUs), and its latest ticket."""
+
+    name: str
+    pool: str
+    state: str
+    state_since: datetime
+    opted_out: bool
+    rules: list[str] = Field(default_factory=list, description="Rules with a pending or firing finding.")
+    affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
+    gpu_count: int = 0
+    ticket: TicketBrief | None = None
+
+
+class GpuOut(BaseModel):
+    uuid: str
+    index: int
+    pci_bus_id: str | None
+    model_name: str | None
+    first_seen: datetime
+    last_seen: datetime
+
+
+class TransitionOut(BaseModel):
+    id: int
+    from_state: str
+    to_state: str
+    actor: str
+    reason: str
+    evidence: dict[str, Any] | None
+    at: datetime
+    incident_id: int | None
+
+
+class FindingOut(BaseModel):
+    id: int
+    rule: str
+    node_name: str
+    gpu: str | None
+    state: str
+    severity: str
+    value: float | None
+    unit: str | None
+    labels: dict[str, Any]
+    summary: str
+    active_since: datetime
+    fired_at: datetime | None
+    resolved_at: datetime | None
+    last_seen_at: datetime
+    incident_id: int | None
+
+
+class ActionOut(BaseModel):
+    """An audit-log row: something healer did, would have done (dry_run), refused, or an operator did."""
+
+    id: int
+    kind: str
+    target: str
+    status: str
+    actor: str
+    attempts: int
+    error: str | None
+    detail: dict[str, Any] | None
+    created_at: datetime
+    incident_id: int | None
+
+
+class IncidentOut(BaseModel):
+    id: int
+    node: str
+    opened_at: datetime
+    closed_at: datetime | None
+    summary: str
+    close_reason: str | None
+    escalated: bool
+
+
+class TicketOut(BaseModel):
+    """A provider ticket with its delivery state and timings (seconds)."""
+
+    id: int
+    incident_id: int
+    node: str
+    provider: str
+    status: str
+    open: bool
+    external_id: str | None
+    escalated: bool
+    reason: str | None
+    created_at: datetime
+    sent_at: datetime | None
+    acknowledged_at: datetime | None
+    resolved_at: datetime | None
+    closed_by: str | None
+    age_seconds: float
+    time_to_acknowledge_seconds: float | None
+    time_to_repair_seconds: float | None
+    delivery_attempts: int = 0
+    delivery_error: str | None = None
+
+
+class ProviderStats(BaseModel):
+    """Per provider: open now; over the last 30 days: total, failed deliveries, and median times to
+    acknowledge and to repair (seconds, from the provider's callbacks)."""
+
+    provider: str
+    open: int
+    total: int
+    failed: int
+    median_ack_seconds: float | None
+    median_repair_seconds: float | None
+
+
+class NodeDetail(BaseModel):
+    """Everything about one node: the recent slice of each history (full history: the list endpoints)."""
+
+    node: NodeSummary
+    gpus: list[GpuOut]
+    open_incident: IncidentOut | None
+    incidents: list[IncidentOut]
+    transitions: list[TransitionOut]
+    findings: list[FindingOut]
+    actions: list[ActionOut]
+    notes: list[ActionOut]
+    tickets: list[TicketOut]
+
+
+class RuleOut(BaseModel):
+    """A loaded rule with its last evaluation and the nodes it currently flags."""
+
+    name: str
+    group: str
+    expr: str
+    for_seconds: float
+    keep_firing_for_seconds: float
+    severity: str
+    kind: str
+    actions: list[str]
+    health: str | None = Field(None, description="ok, no_data, error, unavailable; null: never evaluated.")
+    last_error: str | None = None
+    last_evaluated_at: datetime | None = None
+    last_duration_seconds: float | None = None
+    series: int | None = None
+    firing_nodes: int = 0
+    pending_nodes: int = 0
+
+
+class RejectedReload(BaseModel):
+    at: str | None
+    error: str
+
+
+class RulesOut(BaseModel):
+    loaded: bool = Field(..., description="False when this process has no rule set (nothing loaded yet).")
+    loaded_at: str | None = None
+    sources: list[str] = Field(default_factory=list)
+    rules: list[RuleOut]
+    rejected: list[RejectedReload] = Field(default_factory=list, description="Failed reloads, newest last.")
+
+
+class BreakerOut(BaseModel):
+    tripped: bool
+    reason: str | None = None
+    tripped_at: str | None = None
+    held: list[str] = Field(default_factory=list)
+
+
+class PoolBudget(BaseModel):
+    """Remediation budget use of one pool: nodes out of service vs the limit (min of both caps)."""
+
+    pool: str
+    nodes: int
+    out_of_service: int
+    limit: int
+
+
+class LastTick(BaseModel):
+    at: datetime
+    duration_seconds: float | None = None
+    leader: str | None = None
+    age_seconds: float
+
+
+class FleetStatus(BaseModel):
+    """The fleet at a glance."""
+
+    total: int
+    counts: dict[str, int]
+    paused: bool
+    pause_reason: str | None = None
+    dry_run: bool
+    breaker: BreakerOut
+    budgets: list[PoolBudget]
+    last_tick: LastTick | None
+    rules: list[RuleOut]
+
+
+class ReasonIn(BaseModel):
+    reason: str = Field("", max_length=2000)
+
+
+class NoteIn(BaseModel):
+    text: str = Field(..., min_length=1, max_length=10000)
+
+
+class OperationOut(BaseModel):
+    """Result of an operator action; the audit log has the full record."""
+
+    ok: bool = True
+    message: str
+    node: NodeSummary | None = None
+    held: list[str] | None = None
+    ticket: TicketOut | None = None
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    reasons: list[str]
+    database: bool
+    last_tick_at: datetime | None
+    last_tick_age_seconds: float | None
+    leader: bool | None

@@ -1,0 +1,194 @@
+"""healer's own Prometheus metrics (served at ``/metrics``).
+
+Two kinds:
+
+* Event metrics the controller updates as it works (:class:`HealerMetrics` methods): ticks, tick
+  duration, per-rule health, findings per rule, actions by kind and result.
+* State metrics read from the database on each scrape (:class:`DatabaseCollector`): nodes by
+  lifecycle state, breaker and pause switches, outbox depth and delivery failures. Reading them at
+  scrape time keeps them right on every replica, leader or not, and after a restart.
+
+Nothing here is a module-level global: the composition root builds one :class:`HealerMetrics`
+(holding its own ``CollectorRegistry``) and passes it to the controller and the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.engine.states import NodeState, OutboxStatus, RuleHealth
+from healer.store import nodes as repo
+from healer.store.models import Node, OutboxMessage
+
+#: Tick durations, seconds: a tick is a handful of PromQL queries plus database writes; the
+#: default deadline is 30 s, so buckets reach past it to show ticks that overran.
+TICK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+
+
+class HealerMetrics:
+    """The metrics of one healer process, in their own registry (``self.registry``)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.ticks = Counter(
+            "healer_ticks",
+            "Ticks run (query, evaluate, act, record), by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.tick_duration = Histogram(
+            "healer_tick_duration_seconds",
+            "Wall time of one tick, seconds.",
+            buckets=TICK_BUCKETS,
+            registry=self.registry,
+        )
+        self.rule_health = Gauge(
+            "healer_rule_health",
+            "1 for the health of each rule's last evaluation (ok, no_data, error, unavailable), else 0.",
+            ["rule", "health"],
+            registry=self.registry,
+        )
+        self.rule_last_evaluation = Gauge(
+            "healer_rule_last_evaluation_timestamp_seconds",
+            "Unix time of each rule's last evaluation.",
+            ["rule"],
+            registry=self.registry,
+        )
+        self.findings = Gauge(
+            "healer_findings",
+            "Findings per rule and state (pending, firing) after the last tick.",
+            ["rule", "state"],
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "healer_actions",
+            "Actions taken, dry-run or refused, by kind (cordon, drain, ticket, ...) and result.",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+
+    def observe_tick(self, *, duration_seconds: float, ok: bool = True) -> None:
+        """Count one tick and record its duration (seconds)."""
+        self.ticks.labels(outcome="ok" if ok else "error").inc()
+        self.tick_duration.observe(duration_seconds)
+
+    def set_rule_health(self, rule: str, health: str, *, evaluated_at_unix: float | None = None) -> None:
+        """Record a rule's latest health (one of :class:`RuleHealth`); the other health values go to 0."""
+        for value in RuleHealth:
+            self.rule_health.labels(rule=rule, health=str(value)).set(1.0 if value == health else 0.0)
+        if evaluated_at_unix is not None:
+            self.rule_last_evaluation.labels(rule=rule).set(evaluated_at_unix)
+
+    def set_findings(self, rule: str, counts: Mapping[str, int]) -> None:
+        """Set the number of findings of ``rule`` per state, e.g. ``{"pending": 1, "firing": 3}``."""
+        for state in ("pending", "firing"):
+            self.findings.labels(rule=rule, state=state).set(counts.get(state, 0))
+
+    def count_action(self, kind: str, result: str) -> None:
+        """Count one action by kind and result (an :class:`~healer.engine.states.ActionStatus`)."""
+        self.actions.labels(kind=kind, result=str(result)).inc()
+
+    def register_database(self, session_factory: sessionmaker[Session]) -> DatabaseCollector:
+        """Add the scrape-time database collector to this registry (once); return it."""
+        collector = DatabaseCollector(session_factory)
+        self.registry.register(collector)
+        return collector
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+class DatabaseCollector(Collector):
+    """Reads the fleet's state from the database on each scrape (a few aggregate queries).
+
+    A failed read yields ``healer_database_up 0`` and no state metrics, rather than failing the scrape.
+    """
+
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        self._session_factory = session_factory
+
+    def describe(self) -> Iterable[Metric]:
+        # Describing would otherwise run the queries at registration time.
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        up = GaugeMetricFamily("healer_database_up", "1 when the database answered this scrape.")
+        try:
+            with self._session_factory() as session:
+                families = list(_state_families(session))
+        except SQLAlchemyError:
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        yield from families
+
+
+def _state_families(session: Session) -> Iterable[Metric]:
+    by_state = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).all())
+    nodes = GaugeMetricFamily("healer_nodes", "Nodes by lifecycle state.", labels=["state"])
+    for state in NodeState:
+        nodes.add_metric([str(state)], float(by_state.get(str(state), 0)))
+    yield nodes
+
+    breaker: dict[str, Any] = repo.get_switch(session, repo.SWITCH_BREAKER)
+    tripped = GaugeMetricFamily("healer_breaker_tripped", "1 while the circuit breaker is tripped.")
+    tripped.add_metric([], 1.0 if breaker.get("tripped") else 0.0)
+    yield tripped
+    held = GaugeMetricFamily("healer_breaker_held_nodes", "Nodes the tripped breaker holds back.")
+    held.add_metric([], float(len(breaker.get("held", []) or []) if breaker.get("tripped") else 0))
+    yield held
+
+    paused = GaugeMetricFamily("healer_paused", "1 while an operator has paused healer.")
+    paused.add_metric([], 1.0 if repo.get_switch(session, repo.SWITCH_PAUSED).get("paused") else 0.0)
+    yield paused
+
+    outbox = dict(
+        session.execute(
+            select(OutboxMessage.status, func.count())
+            .where(OutboxMessage.status.in_([OutboxStatus.PENDING, OutboxStatus.FAILED]))
+            .group_by(OutboxMessage.status)
+        ).all()
+    )
+    depth = GaugeMetricFamily("healer_outbox_depth", "Ticket webhooks waiting to be delivered.")
+    depth.add_metric([], float(outbox.get(OutboxStatus.PENDING, 0)))
+    yield depth
+    failed = GaugeMetricFamily(
+        "healer_outbox_delivery_failures", "Ticket webhooks that failed permanently (kept for inspection)."
+    )
+    failed.add_metric([], float(outbox.get(OutboxStatus.FAILED, 0)))
+    yield failed
+    retrying = GaugeMetricFamily(
+        "healer_outbox_retrying", "Pending ticket webhooks that failed at least once and will be retried."
+    )
+    retrying.add_metric(
+        [],
+        float(
+            session.scalar(
+                select(func.count())
+                .select_from(OutboxMessage)
+                .where(OutboxMessage.status == OutboxStatus.PENDING, OutboxMessage.attempts > 0)
+            )
+            or 0
+        ),
+    )
+    yield retrying
+
+    last_tick = repo.get_switch(session, repo.SWITCH_LAST_TICK)
+    if last_tick.get("at"):
+        when = GaugeMetricFamily(
+            "healer_last_tick_timestamp_seconds", "Unix time of the last completed tick (any replica)."
+        )
+        when.add_metric([], datetime.fromisoformat(last_tick["at"]).timestamp())
+        yield when

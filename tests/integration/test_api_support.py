@@ -1,0 +1,344 @@
+"""Fixtures and seed data shared by the API tests (``test_api_*.py``); holds no tests itself.
+
+The seed is a small fleet as the controller would have recorded it: a quarantined node with an
+open incident, transitions, findings (one with an HTML label value), GPUs, a ticket whose delivery
+failed; a node awaiting repair with an acknowledged ticket; healthy nodes; a tripped breaker; rule
+evaluations; a rejected rule reload; dry-run and refused actions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi import FastAPI
+import httpx
+import uvicorn
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from healer.config import Settings, load_settings
+from healer.engine.states import ActionStatus, NodeState
+from healer.ruleset.schema import Rule, RuleGroup, RuleSet
+from healer.store import nodes as repo
+from healer.store.models import Finding, Gpu, OutboxMessage, RuleEvaluation, Ticket
+from tests.services import free_port, wait_until
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+OPERATOR_TOKEN = "op-token-0123456789abcdef"
+VIEWER_TOKEN = "viewer-token-0123456789abcdef"
+CSRF_SECRET = "test-secret-not-for-production"
+EVIL_LABEL = '<script>alert("x")</script>'
+
+RULESET = RuleSet(
+    groups=(
+        RuleGroup(
+            name="gpu-thermal",
+            rules=[
+                Rule.model_validate(
+                    {
+                        "name": "GpuTooHot",
+                        "expr": "max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78",
+                        "for": "5m",
+                        "actions": ["quarantine", {"ticket": {"provider": "default"}}],
+                    }
+                ),
+                Rule.model_validate({"name": "XidFatal", "expr": "DCGM_FI_DEV_XID_ERRORS == 79"}),
+            ],
+        ),
+    ),
+    sources=("rules/gpu.yaml",),
+)
+
+
+def make_settings(**api: object) -> Settings:
+    """Settings for tests: an operator and a viewer token, a fixed CSRF secret, no Prometheus."""
+    return load_settings(
+        prometheus={"url": "http://127.0.0.1:9", "timeout_seconds": 1.0},
+        api={
+            "tokens": [
+                {"token": OPERATOR_TOKEN, "user": "alice", "role": "operator"},
+                {"token": VIEWER_TOKEN, "user": "victor", "role": "viewer"},
+            ],
+            "csrf_secret": CSRF_SECRET,
+            **api,
+        },
+    )
+
+
+@dataclass
+class Seeded:
+    """Ids of the seeded rows tests refer to."""
+
+    hot_ticket_id: int
+    acked_ticket_id: int
+
+
+def seed(factory: sessionmaker[Session], *, now: datetime = NOW) -> Seeded:
+    """Record the small fleet described in the module docstring."""
+    with factory() as s, s.begin():
+        hot = repo.get_or_create_node(s, "gpu-node-07", now=now - timedelta(days=10), pool="h100")
+        for i in range(8):
+            s.add(
+                Gpu(
+                    uuid=f"GPU-0000-{i}",
+                    node_id=hot.id,
+                    index=i,
+                    pci_bus_id=f"00000000:{18 + i:02X}:00.0",
+                    model_name="NVIDIA H100 80GB HBM3",
+                    first_seen=now - timedelta(days=10),
+                    last_seen=now,
+                )
+            )
+        opened = now - timedelta(hours=1)
+        incident = repo.ensure_incident(s, hot, now=opened, summary="GPU 3 too hot")
+        repo.transition(
+            s,
+            hot,
+            NodeState.SUSPECT,
+            now=opened,
+            actor="healer",
+            reason="GpuTooHot pending",
+            evidence={"rule": "GpuTooHot", "value": 84.0, "labels": {"gpu": "3"}},
+        )
+        repo.transition(
+            s,
+            hot,
+            NodeState.QUARANTINED,
+            now=opened + timedelta(minutes=5),
+            actor="healer",
+            reason="GpuTooHot firing for 5m",
+            evidence={"rule": "GpuTooHot", "value": 85.5},
+        )
+        s.add(
+            Finding(
+                rule="GpuTooHot",
+                series_key="gpu-node-07/3",
+                node_name=hot.name,
+                gpu="3",
+                state="firing",
+                severity="critical",
+                value=85.5,
+                unit="degrees C",
+                labels={"gpu": "3", "Hostname": hot.name, "modelName": EVIL_LABEL},
+                summary="GPU 3 above 78 C",
+                active_since=opened,
+                fired_at=opened + timedelta(minutes=5),
+                resolved_at=None,
+                last_seen_at=now,
+                incident_id=incident.id,
+            )
+        )
+        hot_ticket = Ticket(
+            incident_id=incident.id,
+            node_id=hot.id,
+            provider="default",
+            idempotency_key="k-hot",
+            status="pending",
+            created_at=opened + timedelta(minutes=6),
+            updated_at=now,
+        )
+        s.add(hot_ticket)
+        s.flush()
+        s.add(
+            OutboxMessage(
+                ticket_id=hot_ticket.id,
+                provider="default",
+                idempotency_key="k-hot",
+                body="{}",
+                status="pending",
+                attempts=3,
+                next_attempt_at=now + timedelta(minutes=1),
+                last_status_code=503,
+                last_error="provider unavailable",
+                created_at=opened + timedelta(minutes=6),
+            )
+        )
+        repo.record_action(
+            s,
+            kind="cordon",
+            status=ActionStatus.DRY_RUN,
+            actor="healer",
+            now=opened + timedelta(minutes=5),
+            node=hot,
+            incident=incident,
+        )
+
+        waiting = repo.get_or_create_node(s, "gpu-node-03", now=now - timedelta(days=10), pool="h100")
+        inc2 = repo.ensure_incident(s, waiting, now=now - timedelta(days=2), summary="Xid 79")
+        repo.transition(
+            s,
+            waiting,
+            NodeState.AWAITING_REPAIR,
+            now=now - timedelta(days=1),
+            actor="healer",
+            reason="drained",
+        )
+        acked = Ticket(
+            incident_id=inc2.id,
+            node_id=waiting.id,
+            provider="default",
+            idempotency_key="k-acked",
+            status="acknowledged",
+            external_id="RMA-42",
+            created_at=now - timedelta(days=1),
+            sent_at=now - timedelta(days=1),
+            acknowledged_at=now - timedelta(hours=20),
+            updated_at=now,
+        )
+        s.add(acked)
+        s.add(
+            Finding(
+                rule="XidFatal",
+                series_key="gpu-node-03/1",
+                node_name=waiting.name,
+                gpu="1",
+                state="firing",
+                value=79.0,
+                labels={"gpu": "1", "err_code": "79"},
+                active_since=now - timedelta(days=2),
+                last_seen_at=now,
+            )
+        )
+        blocked = repo.get_or_create_node(s, "gpu-node-11", now=now - timedelta(days=10), pool="a100")
+        repo.transition(
+            s, blocked, NodeState.BLOCKED, now=now - timedelta(hours=3), actor="healer", reason="budget"
+        )
+        repo.record_action(
+            s,
+            kind="quarantine",
+            status=ActionStatus.REFUSED,
+            actor="healer",
+            now=now - timedelta(hours=3),
+            node=blocked,
+            error="budget: 2 of 2 nodes of pool a100 already out",
+        )
+        for i in range(3):
+            repo.get_or_create_node(s, f"gpu-node-2{i}", now=now - timedelta(days=10), pool="a100")
+        s.flush()
+
+        repo.set_switch(
+            s,
+            repo.SWITCH_BREAKER,
+            {
+                "tripped": True,
+                "reason": "6 nodes went bad in 300s",
+                "tripped_at": now.isoformat(),
+                "held": ["gpu-node-21"],
+            },
+            now=now,
+            by="healer",
+        )
+        repo.set_switch(
+            s,
+            repo.SWITCH_LAST_TICK,
+            {"at": (now - timedelta(seconds=20)).isoformat(), "duration_seconds": 0.8, "leader": "healer-0"},
+            now=now,
+            by="healer",
+        )
+        repo.set_switch(
+            s,
+            repo.SWITCH_RULESET,
+            {
+                "loaded_at": (now - timedelta(days=1)).isoformat(),
+                "sources": ["rules/gpu.yaml"],
+                "rejected": [
+                    {"at": now.isoformat(), "error": "rules/bad.yaml:3:5: groups.0.rules.0.for: <b>bad</b>"}
+                ],
+            },
+            now=now,
+            by="healer",
+        )
+        for minutes, health, error in ((2, "ok", None), (1, "error", "bad_data: parse error")):
+            s.add(
+                RuleEvaluation(
+                    rule="XidFatal",
+                    group="gpu-thermal",
+                    evaluated_at=now - timedelta(minutes=minutes),
+                    duration_seconds=0.05,
+                    health=health,
+                    error=error,
+                    series=8,
+                    firing=1,
+                )
+            )
+        s.add(
+            RuleEvaluation(
+                rule="GpuTooHot",
+                group="gpu-thermal",
+                evaluated_at=now - timedelta(seconds=30),
+                duration_seconds=0.12,
+                health="ok",
+                series=64,
+                firing=1,
+            )
+        )
+        s.flush()
+        return Seeded(hot_ticket_id=hot_ticket.id, acked_ticket_id=acked.id)
+
+
+def build_app(factory: sessionmaker[Session], settings: Settings | None = None, **kwargs: object) -> FastAPI:
+    """The app under test with a fixed clock and the test rule set."""
+    kwargs.setdefault("clock", lambda: NOW)
+    kwargs.setdefault("ruleset_provider", lambda: RULESET)
+    return create_app(settings or make_settings(), factory, **kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port in a thread; yield its base URL."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False)
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout=15, interval=0.02, what="uvicorn started")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@contextlib.contextmanager
+def http_client(app: FastAPI) -> Iterator[httpx.Client]:
+    """An HTTP client (keeping cookies, like a browser) of ``app`` served by a real uvicorn."""
+    with serve(app) as url, httpx.Client(base_url=url, timeout=10) as c:
+        yield c
+
+
+@pytest.fixture
+def seeded(session_factory: sessionmaker[Session]) -> Seeded:
+    return seed(session_factory)
+
+
+@pytest.fixture
+def client(session_factory: sessionmaker[Session], seeded: Seeded) -> Iterator[httpx.Client]:
+    """A client of the app over the seeded database (anonymous = viewer, the default)."""
+    with http_client(build_app(session_factory)) as c:
+        yield c
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def csrf_from(html: str) -> str:
+    """The CSRF token embedded in a page's forms."""
+    found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', html)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+def login(client: httpx.Client, token: str) -> str:
+    """Log the client in through the login form; return a CSRF token for further forms."""
+    page = client.get("/login")
+    r = client.post("/login", data={"token": token, "csrf_token": csrf_from(page.text), "next": "/"})
+    assert r.status_code == 303, r.text
+    return csrf_from(client.get("/").text)
