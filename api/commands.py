@@ -1,0 +1,48 @@
+"""``healer serve``: the dashboard and API alone, without the controller.
+
+Useful to look at a database (a copy, a standby) or to run the dashboard in its own Deployment. The
+rule set is loaded once at start from ``rules_paths`` (for the rules page and the charts' node
+labels); a rule set that fails validation is shown as missing and the errors are printed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from healer.errors import RuleError
+from healer.ruleset.schema import RuleSet
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address (default: api.host).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default: api.port).")] = None,
+) -> None:
+    """Serve the dashboard, the JSON API and /metrics (no controller: nothing is acted on)."""
+    from api.app import create_app
+    from healer.cli import settings_from
+    from healer.ruleset.loading import load_ruleset
+    from healer.store.session import make_engine, make_sessionmaker
+
+    settings = settings_from(ctx)
+    ruleset: RuleSet | None
+    try:
+        ruleset = load_ruleset(settings.rules_paths)
+    except RuleError as exc:
+        typer.echo(f"warning: rules not loaded; the rules page lists recent evaluations:\n{exc}", err=True)
+        ruleset = None
+    engine = make_engine(settings.database.url, echo=settings.database.echo)
+    app = create_app(settings, make_sessionmaker(engine), ruleset_provider=lambda: ruleset)
+    try:
+        uvicorn.run(
+            app,
+            host=host or settings.api.host,
+            port=port or settings.api.port,
+            log_level=settings.log_level.lower(),
+            proxy_headers=True,
+        )
+    finally:
+        engine.dispose()
