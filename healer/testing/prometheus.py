@@ -101,14 +101,21 @@ def prometheus_server(
     scrape_interval: str = "1s",
     evaluation_interval: str = "1s",
     rule_files: Sequence[Path] = (),
+    file_sd: Sequence[Path] = (),
     extra_args: Sequence[str] = (),
+    workdir: Path | None = None,
+    port: int | None = None,
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus scraping ``targets`` with a short interval; stop it on exit.
 
     ``rule_files`` are loaded as Prometheus recording/alerting rule files (used by the benchmark to
-    compare Prometheus's own evaluation with healer's).
+    compare Prometheus's own evaluation with healer's). ``file_sd`` are ``file_sd_configs`` JSON
+    files (e.g. the fleet simulator's), scraped as one job ``fleet``. ``workdir`` keeps the config,
+    data and log there (kept on exit); default a temporary directory removed on exit.
     """
-    workdir = Path(tempfile.mkdtemp(prefix="healer-prom-"))
+    keep = workdir is not None
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-prom-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     jobs: dict[tuple[str, str], list[ScrapeTarget]] = {}
     for t in targets:
         jobs.setdefault((t.job, t.metrics_path), []).append(t)
@@ -121,13 +128,21 @@ def prometheus_server(
         }
         for i, ((job, path), ts) in enumerate(jobs.items())
     ]
+    if file_sd:
+        scrape_configs.append(
+            {
+                "job_name": "fleet",
+                "scrape_interval": scrape_interval,
+                "file_sd_configs": [{"files": [str(p) for p in file_sd], "refresh_interval": "10s"}],
+            }
+        )
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "scrape_configs": scrape_configs,
         "rule_files": [str(p) for p in rule_files],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
+    port = port or free_port()
     log = (workdir / "prometheus.log").open("wb")
     process = subprocess.Popen(
         [
@@ -160,4 +175,5 @@ def prometheus_server(
             process.kill()
             process.wait()
         log.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
