@@ -71,9 +71,6 @@ def _register() -> None:
     from healer.sources import commands as source_commands
 
     source_commands.register(app)
-    from healer.run_command import run
-
-    app.command("run")(run)
     from api.commands import serve
 
     app.command("serve")(serve)
