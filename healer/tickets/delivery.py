@@ -507,6 +507,7 @@ def deliver_due(
     Returns:
         what happened to each message. Never raises for a provider's failure; those are recorded.
     """
+    signing.install_log_redaction()
     tickets = _ticket_settings(settings)
     backoff = {
         "base_seconds": backoff_base_seconds,

@@ -195,7 +195,9 @@ class Receiver:
                     at=self.clock(), path=path, headers=headers, body=body, status=status, signature=signature
                 )
             )
-        log.info("webhook %s key=%s signature=%s -> %d", path, key or "-", signature, status)
+        log.info(
+            "webhook %s key=%s signature=%s -> %d", signing.redact_url(path), key or "-", signature, status
+        )
         if new_ticket is not None:
             self._schedule_callbacks(*new_ticket)
         return status, extra, answer
@@ -302,4 +304,5 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(status, answer, extra)
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("receiver: " + format, *args)
+        # The request line carries the webhook path, which may be a credential (Slack-style URLs).
+        pass

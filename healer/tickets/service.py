@@ -228,19 +228,20 @@ def close_ticket(session: Session, *, ticket_id: int, actor: str, now: datetime,
     A delivery still pending is cancelled. The node is not moved: release it separately
     (``healer node release``) when it is repaired.
 
+    ``reason`` is recorded on the ticket and in the audit log (empty: "closed by <actor>").
+
     Raises:
         TicketNotFound: no such ticket.
-        OperationError: no reason given, or the ticket is already resolved or closed.
+        OperationError: the ticket is already resolved or closed.
     """
-    if not reason.strip():
-        raise OperationError("closing a ticket needs a reason")
+    reason = reason.strip() or f"closed by {actor}"
     ticket = _ticket(session, ticket_id)
     if ticket.status in (TicketStatus.RESOLVED, TicketStatus.CLOSED):
         raise OperationError(f"ticket {ticket_id} is already {ticket.status}")
     previous = ticket.status
     ticket.status = TicketStatus.CLOSED
     ticket.closed_by = actor
-    ticket.reason = reason.strip()
+    ticket.reason = reason
     ticket.updated_at = now
     _cancel_delivery(session, ticket, why=f"ticket closed by {actor}")
     repo.record_action(
@@ -252,7 +253,7 @@ def close_ticket(session: Session, *, ticket_id: int, actor: str, now: datetime,
         node=session.get(Node, ticket.node_id),
         incident=session.get(Incident, ticket.incident_id),
         target=ticket.external_id or f"ticket {ticket.id}",
-        detail={"ticket_id": ticket.id, "from": previous, "reason": reason.strip()},
+        detail={"ticket_id": ticket.id, "from": previous, "reason": reason},
     )
     return ticket
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -208,3 +209,29 @@ def scrub(text: str, *, urls: Iterable[str] = (), secrets: Iterable[bytes | str 
         if len(value) >= 4:
             text = text.replace(value, REDACTED)
     return text
+
+
+class RedactUrlsFilter(logging.Filter):
+    """A logging filter that redacts URLs in a record's arguments (see :func:`redact_url`).
+
+    httpx logs every request's full URL at INFO (``HTTP Request: POST https://...``); a Slack or
+    Teams webhook URL is a credential. :func:`install_log_redaction` puts this filter on httpx's
+    logger.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and record.args:
+            record.args = tuple(redact_url(str(arg)) if _is_url(arg) else arg for arg in record.args)
+        return True
+
+
+def _is_url(value: object) -> bool:
+    text = str(value) if value.__class__.__name__ == "URL" or isinstance(value, str) else ""
+    return text.startswith(("http://", "https://"))
+
+
+def install_log_redaction() -> None:
+    """Redact URLs in httpx's request log lines (idempotent; call before sending webhooks)."""
+    logger = logging.getLogger("httpx")
+    if not any(isinstance(f, RedactUrlsFilter) for f in logger.filters):
+        logger.addFilter(RedactUrlsFilter())
