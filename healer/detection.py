@@ -86,7 +86,10 @@ def run_detection(
     results: dict[str, QueryResult | SourceError] = {}
     durations: dict[str, float] = {}
     queries = 0
-    for rule in ruleset.rules:
+    # no_data rules are queried last: an exporter that dies mid-tick then shows up as "no data"
+    # in the same tick as its fault series vanish, never as a clear (recovering) series alone.
+    rules = sorted(ruleset.rules, key=lambda r: r.kind == "no_data")
+    for rule in rules:
         if deadline.expired:
             break  # the rest are not queried: evaluate() reports them unavailable
         t0 = time.perf_counter()

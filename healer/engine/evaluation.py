@@ -353,8 +353,9 @@ def _step_rule(
         if key in current:
             continue
         if rule.kind == "fault" and old.node in unknown:
-            # The node's exporter is silent: its absence is no evidence either way. Hold still.
-            state[key] = old
+            # The node's exporter is silent: its absence is no evidence either way. Hold still;
+            # a recovery hold in progress starts over once data returns (clear must be continuous).
+            state[key] = replace(old, clear_since=None) if old.clear_since else old
             continue
         if old.state == FindingState.FIRING and rule.keep_firing_for > 0:
             clear_since = old.clear_since or now

@@ -399,6 +399,19 @@ class TestNoData:
         ev = self.tick(ev.state, 960, CLEAR, CLEAR)
         assert [c.kind for c in ev.changes] == [C.RESOLVED]
 
+    def test_recovery_hold_starts_over_after_a_gap_in_data(self) -> None:
+        down = result(({"Hostname": "gpu-node-07"}, 8.0))
+        ev = self.tick(EvaluationState(), 0, CLEAR, TRUE)
+        ev = self.tick(ev.state, 30, CLEAR, CLEAR)  # clear: the 60 s hold starts at 30
+        assert ev.state.series[KEY].clear_since == T0 + timedelta(seconds=30)
+        ev = self.tick(ev.state, 60, down, CLEAR)  # then no data
+        assert ev.state.series[KEY].clear_since is None
+        ev = self.tick(ev.state, 130, down, CLEAR)
+        ev = self.tick(ev.state, 200, CLEAR, CLEAR)  # the no_data rule holds the node unknown
+        ev = self.tick(ev.state, 400, CLEAR, CLEAR)  # data and clear again: the hold restarts here
+        assert ev.state.series[KEY].clear_since == T0 + timedelta(seconds=400)
+        assert ev.changes == []
+
     def test_unknown_node_does_not_freeze_other_nodes(self) -> None:
         down = result(({"Hostname": "gpu-node-09"}, 8.0))
         ev = self.tick(EvaluationState(), 0, CLEAR, TRUE)
