@@ -21,6 +21,8 @@ def parse_duration(text: str | int | float) -> float:
         if text < 0:
             raise ValueError(f"duration must not be negative: {text!r}")
         return float(text)
+    if not isinstance(text, str):  # a YAML date, list or mapping: a ValueError, so pydantic reports it
+        raise ValueError(f"not a Prometheus duration: {text!r} (use e.g. 30s, 5m, 1h30m)")
     match = _DURATION.match(text.strip())
     if not text.strip() or match is None or not any(match.groups()):
         raise ValueError(f"not a Prometheus duration: {text!r} (use e.g. 30s, 5m, 1h30m)")

@@ -384,9 +384,11 @@ def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int
     i = 0
     while i < len(items):
         item = items[i]
-        if isinstance(node, CommentedMap) and isinstance(item, str) and item in node:
+        if item == "[key]":  # pydantic's marker for a mapping key (not its value) being wrong
+            break
+        if isinstance(node, CommentedMap) and item in node:
             line, col = node.lc.key(item)
-            parts.append(item)
+            parts.append(str(item))  # a key, even when YAML made it a number
             node = node[item]
         elif isinstance(node, CommentedSeq) and isinstance(item, int) and 0 <= item < len(node):
             line, col = node.lc.item(item)
@@ -481,6 +483,8 @@ def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProbl
         message = f"{msg.replace('Input should be', 'must be')}, not {_short(value)}"
     else:
         message = f"{msg} (got {_kind_of(value)})"
+    if loc and loc[-1] == "[key]":
+        message = f"key must be a string, got {_kind_of(value)} (quote it)"
     return RuleProblem(path, line + 1, col + 1, field_path, message)
 
 
@@ -599,7 +603,10 @@ def _check_promql(
                 item: dict[str, Any] = {"alert": "healer_rule", "expr": str(expr)}
                 for key in ("labels", "annotations"):
                     value = rule.get(key)
-                    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+                    # Only well-typed mappings: the schema already reports the others.
+                    if isinstance(value, dict) and all(
+                        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+                    ):
                         item[key] = {str(k): str(v) for k, v in value.items()}
                 groups.append({"name": f"r{len(refs)}", "rules": [item]})
                 refs.append(_ExprRef(p, rule, f"groups[{i}].rules[{j}]"))

@@ -392,6 +392,30 @@ MISTAKES = [
         (8, 11, "groups[0].rules[0].labels.tier", "valid string"),
     ),
     (
+        "label name that YAML reads as a number",
+        """\
+        groups:
+          - name: gpu
+            rules:
+              - name: A
+                expr: up
+                labels: {5: x}
+        """,
+        (6, 18, "groups[0].rules[0].labels.5", "key must be a string, got int 5"),
+    ),
+    (
+        "duration that YAML reads as a date",
+        """\
+        groups:
+          - name: gpu
+            rules:
+              - name: A
+                expr: up
+                for: 2024-01-01
+        """,
+        (6, 9, "groups[0].rules[0].for", "not a Prometheus duration"),
+    ),
+    (
         "actions not a list",
         """\
         groups:
