@@ -29,7 +29,14 @@ from healer.errors import ConfigError, KubernetesError, KubernetesNotFound
 from healer.store.models import Action
 from healer.store.nodes import ensure_incident, get_or_create_node
 from healer.store.session import transaction
-from healer.testing.k8s_emulator import KubernetesEmulator, namespace, node, pod, pod_disruption_budget
+from healer.testing.k8s_emulator import (
+    KubernetesEmulator,
+    gpu_fleet,
+    namespace,
+    node,
+    pod,
+    pod_disruption_budget,
+)
 from tests.k8s_emulator import emulator, k8s_api, k8s_settings
 
 __all__ = ["emulator", "k8s_api", "k8s_settings"]
@@ -611,3 +618,38 @@ class TestApiClient:
     def test_missing_kubeconfig_is_a_config_error(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="nope"):
             make_api_client(KubernetesSettings(kubeconfig=tmp_path / "nope"))
+
+
+class TestFleetScenario:
+    def test_a_64_node_fleet_drains_one_node_like_kubectl(self, k8s_settings: KubernetesSettings) -> None:
+        """The demo's scenario: DaemonSet and mirror pods stay, the Job worker's emptyDir needs
+        delete_emptydir_data, the inference replica passes its budget and is rescheduled."""
+        with KubernetesEmulator(auto_reschedule=True) as emu:
+            emu.load(gpu_fleet(64))
+            target = "gpu-node-07"
+            with emu.api_client() as api:
+                actions = KubernetesNodeActions(api, k8s_settings)
+                assert len(emu.list("Node")) == 64
+                actions.cordon(target, OWNERSHIP)
+                kwargs: dict[str, Any] = {
+                    "started_at": T0,
+                    "now": T0,
+                    "timeout_seconds": 600,
+                    "grace_period_seconds": 30,
+                    "ignore_daemonsets": True,
+                    "force": False,
+                    "delete_after_timeout": False,
+                    "concurrency": 8,
+                }
+                refused = actions.drain_step(target, delete_emptydir_data=False, **kwargs)
+                assert refused.refused.keys() == {"training/train-worker-7"}
+                report = actions.drain_step(target, delete_emptydir_data=True, **kwargs)
+            assert report.done
+            assert report.evicted == ("inference/inference-7", "training/train-worker-7")
+            assert sorted(emu.pods_on(target)) == [
+                "kube-system/kube-proxy-gpu-node-07",
+                "monitoring/dcgm-exporter-gpu-node-07",
+                "monitoring/node-exporter-gpu-node-07",
+            ]
+            inference = [p for p in emu.list("Pod", "inference") if p["status"]["phase"] == "Running"]
+            assert len(inference) == 64  # the evicted replica runs elsewhere
