@@ -387,7 +387,7 @@ def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int
         if item == "[key]":  # pydantic's marker for a mapping key (not its value) being wrong
             break
         if isinstance(node, CommentedMap) and item in node:
-            line, col = node.lc.key(item)
+            line, col = _key_at(node, item)
             parts.append(str(item))  # a key, even when YAML made it a number
             node = node[item]
         elif isinstance(node, CommentedSeq) and isinstance(item, int) and 0 <= item < len(node):
@@ -401,6 +401,30 @@ def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int
             break
         i += 1
     return _field_path(parts), line, col
+
+
+def _key_at(node: CommentedMap, key: Any) -> tuple[int, int]:
+    """0-based (line, column) of ``key`` in ``node``; a key merged in with ``<<: *anchor`` is
+    found in its anchor; otherwise the mapping's own position."""
+    return _lc_at(node, key, 0)
+
+
+def _value_at(node: CommentedMap, key: Any) -> tuple[int, int]:
+    """0-based (line, column) where ``key``'s value starts (see :func:`_key_at`)."""
+    return _lc_at(node, key, 2)
+
+
+def _lc_at(node: CommentedMap, key: Any, offset: int, depth: int = 0) -> tuple[int, int]:
+    data = node.lc.data or {}
+    if key in data:
+        return int(data[key][offset]), int(data[key][offset + 1])
+    if depth < 8:
+        for entry in getattr(node, "merge", None) or ():
+            # ruamel.yaml < 0.19 holds (position, mapping) pairs, newer ones the mappings.
+            source = entry[1] if isinstance(entry, tuple) else entry
+            if isinstance(source, CommentedMap) and key in source:
+                return _lc_at(source, key, offset, depth + 1)
+    return int(node.lc.line), int(node.lc.col)
 
 
 def _field_path(parts: Iterable[int | str]) -> str:
@@ -518,7 +542,7 @@ def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
         for i, group in _raw_groups(p):
             name = group.get("name")
             if isinstance(name, str):
-                line, col = group.lc.key("name")
+                line, col = _key_at(group, "name")
                 here = RuleOrigin(p.path, line + 1, col + 1)
                 if name in groups:
                     problems.append(
@@ -539,7 +563,7 @@ def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
                 if not isinstance(rule, CommentedMap) or not isinstance(rule.get("name"), str):
                     continue
                 name = rule["name"]
-                line, col = rule.lc.key("name")
+                line, col = _key_at(rule, "name")
                 here = RuleOrigin(p.path, line + 1, col + 1)
                 if name in rules:
                     problems.append(
@@ -656,16 +680,16 @@ def _promtool_problem(ref: _ExprRef, message: str) -> RuleProblem:
         key = template["key"]
         mapping = rule.get(section)
         if isinstance(mapping, CommentedMap) and key in mapping:
-            line, col = mapping.lc.key(key)
+            line, col = _key_at(mapping, key)
         else:
-            line, col = rule.lc.key(section)
+            line, col = _key_at(rule, section)
         rest = _GO_TEMPLATE.sub("", template["rest"])
         return RuleProblem(path, line + 1, col + 1, f"{ref.field}.{section}.{key}", f"template: {rest}")
     if message.startswith("invalid label name"):
-        line, col = rule.lc.key("labels") if "labels" in rule else rule.lc.key("expr")
+        line, col = _key_at(rule, "labels") if "labels" in rule else _key_at(rule, "expr")
         return RuleProblem(path, line + 1, col + 1, f"{ref.field}.labels", message)
     position = _PARSE_POSITION.match(message)
-    line, col = rule.lc.key("expr")
+    line, col = _key_at(rule, "expr")
     if position:
         inner = _position_in_expr(ref, int(position["line"]), int(position["col"]))
         message = f"PromQL {position['rest']}"
@@ -685,7 +709,7 @@ def _position_in_expr(ref: _ExprRef, expr_line: int, expr_col: int) -> tuple[int
     or multi-line plain scalars, whose text no longer matches the file line for line.
     """
     value = ref.rule["expr"]
-    value_line, value_col = ref.rule.lc.value("expr")
+    value_line, value_col = _value_at(ref.rule, "expr")
     text_lines = str(value).rstrip("\n").split("\n")
     if expr_line > len(text_lines):  # "unclosed (" is reported just past the end of the text
         expr_line, expr_col = len(text_lines), len(text_lines[-1]) + 1

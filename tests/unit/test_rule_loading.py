@@ -416,6 +416,20 @@ MISTAKES = [
         (6, 9, "groups[0].rules[0].for", "not a Prometheus duration"),
     ),
     (
+        "mistake merged in from an anchor is reported at the anchor",
+        """\
+        groups:
+          - name: gpu
+            rules:
+              - name: A
+                expr: up
+              - <<: &slow {for: 5 minutes}
+                name: B
+                expr: up == 0
+        """,
+        (6, 20, "groups[0].rules[1].for", "not a Prometheus duration: '5 minutes'"),
+    ),
+    (
         "actions not a list",
         """\
         groups:
