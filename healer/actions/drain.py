@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -89,8 +90,17 @@ class Plan:
     refused: dict[str, str] = field(default_factory=dict)
 
 
+def metadata_of(obj: Any) -> k8s.V1ObjectMeta:
+    """``obj.metadata``, which the API server always sets on objects it returns."""
+    meta = obj.metadata
+    if meta is None:
+        raise ValueError(f"{type(obj).__name__} without metadata")
+    return cast(k8s.V1ObjectMeta, meta)
+
+
 def pod_key(pod: k8s.V1Pod) -> str:
-    return f"{pod.metadata.namespace}/{pod.metadata.name}"
+    meta = metadata_of(pod)
+    return f"{meta.namespace}/{meta.name}"
 
 
 def _finished(pod: k8s.V1Pod) -> bool:
@@ -98,12 +108,13 @@ def _finished(pod: k8s.V1Pod) -> bool:
 
 
 def _controller(pod: k8s.V1Pod) -> k8s.V1OwnerReference | None:
-    return next((r for r in pod.metadata.owner_references or [] if r.controller), None)
+    return next((r for r in metadata_of(pod).owner_references or [] if r.controller), None)
 
 
 def decide(pod: k8s.V1Pod, options: DrainOptions) -> Decision:
     """kubectl's filters for one pod, in order (see the module docstring). Pure."""
-    if pod.metadata.deletion_timestamp is not None:
+    meta = metadata_of(pod)
+    if meta.deletion_timestamp is not None:
         return Decision(Disposition.WAIT, "terminating")
     controller = _controller(pod)
     if controller is not None and controller.kind == "DaemonSet":
@@ -112,7 +123,7 @@ def decide(pod: k8s.V1Pod, options: DrainOptions) -> Decision:
         if options.ignore_daemonsets:
             return Decision(Disposition.KEEP, "DaemonSet-managed")
         return Decision(Disposition.REFUSE, "DaemonSet-managed pod (ignore_daemonsets is off)")
-    if MIRROR_ANNOTATION in (pod.metadata.annotations or {}):
+    if MIRROR_ANNOTATION in (meta.annotations or {}):
         return Decision(Disposition.KEEP, "mirror pod")
     if _finished(pod):
         return Decision(Disposition.EVICT)
@@ -182,17 +193,17 @@ def budgets_for(
     found: set[str] = set()
     by_ns: dict[str, list[k8s.V1PodDisruptionBudget]] = {}
     for pod in pods:
-        ns = pod.metadata.namespace
+        ns = str(metadata_of(pod).namespace)
         if ns not in by_ns:
             with api_call(f"list PodDisruptionBudgets in {ns}"):
                 by_ns[ns] = list(
                     policy.list_namespaced_pod_disruption_budget(ns, _request_timeout=request_timeout).items
                     or []
                 )
-        labels = pod.metadata.labels or {}
+        labels = metadata_of(pod).labels or {}
         for pdb in by_ns[ns]:
             if selector_matches(pdb.spec.selector if pdb.spec else None, labels):
-                found.add(f"{ns}/{pdb.metadata.name}")
+                found.add(f"{ns}/{metadata_of(pdb).name}")
     return tuple(sorted(found))
 
 
@@ -204,7 +215,8 @@ class Outcome(StrEnum):
 
 
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
-    meta = pod.metadata
+    meta = metadata_of(pod)
+    name, namespace = str(meta.name), str(meta.namespace)
     body = k8s.V1Eviction(
         metadata=k8s.V1ObjectMeta(name=meta.name, namespace=meta.namespace),
         delete_options=k8s.V1DeleteOptions(
@@ -213,7 +225,7 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
         ),
     )
     try:
-        core.create_namespaced_pod_eviction(meta.name, meta.namespace, body, _request_timeout=request_timeout)
+        core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=request_timeout)
     except ApiException as exc:
         if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
             return Outcome.GONE, ""
@@ -226,12 +238,13 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
 
 
 def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
-    meta = pod.metadata
+    meta = metadata_of(pod)
+    name, namespace = str(meta.name), str(meta.namespace)
     options = k8s.V1DeleteOptions(
         grace_period_seconds=grace if grace >= 0 else None, preconditions=k8s.V1Preconditions(uid=meta.uid)
     )
     try:
-        core.delete_namespaced_pod(meta.name, meta.namespace, body=options, _request_timeout=request_timeout)
+        core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=request_timeout)
     except ApiException as exc:
         if exc.status in (404, 409):
             return Outcome.GONE, ""

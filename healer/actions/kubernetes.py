@@ -80,11 +80,11 @@ def make_api_client(settings: KubernetesSettings) -> k8s.ApiClient:
 
 def node_view(node: k8s.V1Node) -> NodeView:
     """The :class:`NodeView` of a client ``V1Node``."""
-    meta, spec, status = node.metadata, node.spec, node.status
+    meta, spec, status = drain_mod.metadata_of(node), node.spec, node.status
     taints = tuple((t.key, t.value or "", t.effect) for t in (spec.taints if spec else None) or [])
     conditions = {c.type: c.status for c in (status.conditions if status else None) or []}
     return NodeView(
-        name=meta.name,
+        name=str(meta.name),
         unschedulable=bool(spec and spec.unschedulable),
         labels=dict(meta.labels or {}),
         annotations=dict(meta.annotations or {}),
@@ -165,7 +165,7 @@ class KubernetesNodeActions:
             body = step(node)
             if body is None:
                 return
-            body.setdefault("metadata", {})["resourceVersion"] = node.metadata.resource_version
+            body.setdefault("metadata", {})["resourceVersion"] = drain_mod.metadata_of(node).resource_version
             try:
                 self._patch(name, body, what)
                 return
@@ -183,7 +183,7 @@ class KubernetesNodeActions:
         keys = self.keys
 
         def step(node: k8s.V1Node) -> dict[str, Any] | None:
-            annotations = node.metadata.annotations or {}
+            annotations = drain_mod.metadata_of(node).annotations or {}
             unschedulable = bool(node.spec and node.spec.unschedulable)
             ours = keys.cordoned_by in annotations
             same_incident = annotations.get(keys.incident) == str(ownership.incident_id)
@@ -266,7 +266,9 @@ class KubernetesNodeActions:
             action=reason.removeprefix("Healer") or reason,
             reporting_controller=f"{self.settings.domain}/healer",
             reporting_instance=self.identity,
-            regarding=k8s.V1ObjectReference(api_version="v1", kind="Node", name=name, uid=node.metadata.uid),
+            regarding=k8s.V1ObjectReference(
+                api_version="v1", kind="Node", name=name, uid=drain_mod.metadata_of(node).uid
+            ),
         )
         with api_call(f"record event {reason} on node {name}"):
             self.events.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=self._timeout)
@@ -330,7 +332,7 @@ class KubernetesNodeActions:
         keys, key = self.keys, self.taint_key
 
         def step(node: k8s.V1Node) -> dict[str, Any] | None:
-            annotations = node.metadata.annotations or {}
+            annotations = drain_mod.metadata_of(node).annotations or {}
             body: dict[str, Any] = {}
             gone = {k: None for k in keys.all() if k in annotations}
             if gone:

@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from kubernetes import client as k8s
 
 from healer.actions.apierrors import api_call
+from healer.actions.drain import metadata_of
 from healer.config import KubernetesSettings
 from healer.errors import KubernetesConflict, KubernetesError, KubernetesNotFound
 
@@ -148,7 +149,9 @@ class LeaderElector:
             )
         body = k8s.V1Lease(
             metadata=k8s.V1ObjectMeta(
-                name=self.name, namespace=self.namespace, resource_version=lease.metadata.resource_version
+                name=self.name,
+                namespace=self.namespace,
+                resource_version=metadata_of(lease).resource_version,
             ),
             spec=new_spec,
         )
@@ -164,7 +167,7 @@ class LeaderElector:
             return
         try:
             lease = self._read()
-            if (lease.spec.holder_identity if lease.spec else None) != self.identity:
+            if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             # client-go's release: empty holder, 1 s duration, so the next candidate takes it at once.
             lease.spec = k8s.V1LeaseSpec(

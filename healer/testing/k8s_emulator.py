@@ -48,6 +48,7 @@ Imports only the standard library (and ``kubernetes`` lazily, for :meth:`api_cli
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import copy
 import json
@@ -725,7 +726,7 @@ class KubernetesEmulator:
             )
             return copy.deepcopy(self._with_status(res, found)) if found else None
 
-    def list(self, kind: str, namespace: str | None = None, api_version: str = "v1") -> list[Obj]:
+    def list(self, kind: str, namespace: str | None = None, api_version: str = "v1") -> builtins.list[Obj]:
         """Deep copies of the stored objects of a kind (one namespace, or all)."""
         res = _BY_KIND[(api_version, kind)]
         with self._lock:
@@ -744,7 +745,7 @@ class KubernetesEmulator:
             self._store[(res.group_version, res.plural)].pop((ns, name), None)
             self._next_rv()
 
-    def pods_on(self, node_name: str) -> list[str]:
+    def pods_on(self, node_name: str) -> builtins.list[str]:
         """``namespace/name`` of the pods bound to a node (terminating ones included)."""
         return [
             f"{p['metadata']['namespace']}/{p['metadata']['name']}"
@@ -760,7 +761,7 @@ class KubernetesEmulator:
             self._terminating.clear()
             self._next_rv()
 
-    def reschedule_evicted(self, node_name: str) -> list[str]:
+    def reschedule_evicted(self, node_name: str) -> builtins.list[str]:
         """Recreate the evicted controller-owned pods, Running on ``node_name``; returns their names."""
         with self._lock:
             ghosts, self._ghosts = self._ghosts, []
@@ -795,8 +796,8 @@ class KubernetesEmulator:
                 self._store[("v1", "pods")].pop(key, None)
                 del self._terminating[key]
 
-    def _with_status(self, res: Resource, obj: Obj | None) -> Obj | None:
-        if obj is not None and res.kind == "PodDisruptionBudget":
+    def _with_status(self, res: Resource, obj: Obj) -> Obj:
+        if res.kind == "PodDisruptionBudget":
             obj["status"] = self._pdb_status(obj)
         return obj
 
@@ -997,7 +998,7 @@ class KubernetesEmulator:
         if current is None:
             raise _not_found(res, name)
         if method == "GET":
-            return 200, copy.deepcopy(self._with_status(res, current)) or {}
+            return 200, copy.deepcopy(self._with_status(res, current))
         if method == "DELETE":
             return 200, self._delete(res, current, body if isinstance(body, dict) else {})
         if method in ("PUT", "PATCH"):
@@ -1091,7 +1092,7 @@ class KubernetesEmulator:
             if self.emulate_kubelet:
                 self._schedule_and_run(obj)
         table[key] = obj
-        return copy.deepcopy(self._with_status(res, obj)) or {}
+        return copy.deepcopy(self._with_status(res, obj))
 
     @staticmethod
     def _validate(res: Resource, obj: Obj) -> None:
@@ -1142,7 +1143,7 @@ class KubernetesEmulator:
         result["metadata"]["resourceVersion"] = self._next_rv()
         key = (cur_meta.get("namespace", "") if res.namespaced else "", cur_meta["name"])
         self._store[(res.group_version, res.plural)][key] = result
-        return copy.deepcopy(self._with_status(res, result)) or {}
+        return copy.deepcopy(self._with_status(res, result))
 
     def _delete(self, res: Resource, current: Obj, options: Obj) -> Obj:
         meta = current["metadata"]
