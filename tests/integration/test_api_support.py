@@ -15,10 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import pytest
-from fastapi import FastAPI
 import httpx
 import uvicorn
+from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
@@ -294,7 +293,9 @@ def serve(app: FastAPI) -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port in a thread; yield its base URL."""
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False)
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_level="warning", lifespan="off", access_log=False
+        )
     )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
@@ -313,16 +314,12 @@ def http_client(app: FastAPI) -> Iterator[httpx.Client]:
         yield c
 
 
-@pytest.fixture
-def seeded(session_factory: sessionmaker[Session]) -> Seeded:
-    return seed(session_factory)
-
-
-@pytest.fixture
-def client(session_factory: sessionmaker[Session], seeded: Seeded) -> Iterator[httpx.Client]:
-    """A client of the app over the seeded database (anonymous = viewer, the default)."""
-    with http_client(build_app(session_factory)) as c:
-        yield c
+@contextlib.contextmanager
+def seeded_client(factory: sessionmaker[Session], **kwargs: object) -> Iterator[tuple[httpx.Client, Seeded]]:
+    """Seed the database, serve the app over it, and yield a client (anonymous = viewer by default)."""
+    ids = seed(factory)
+    with http_client(build_app(factory, **kwargs)) as c:
+        yield c, ids
 
 
 def bearer(token: str) -> dict[str, str]:

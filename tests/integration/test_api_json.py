@@ -1,0 +1,311 @@
+"""The JSON API (``/api/v1``) over a real uvicorn, on SQLite and PostgreSQL: lists, filters,
+cursor pagination, node detail and history, actions, and the error bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.engine.states import NodeState
+from healer.store import nodes as repo
+from tests.integration.test_api_support import (
+    EVIL_LABEL,
+    NOW,
+    OPERATOR_TOKEN,
+    VIEWER_TOKEN,
+    Seeded,
+    bearer,
+    seeded_client,
+)
+
+OP = bearer(OPERATOR_TOKEN)
+
+
+@pytest.fixture
+def served(session_factory: sessionmaker[Session]) -> Iterator[tuple[httpx.Client, Seeded]]:
+    with seeded_client(session_factory) as pair:
+        yield pair
+
+
+@pytest.fixture
+def client(served: tuple[httpx.Client, Seeded]) -> httpx.Client:
+    return served[0]
+
+
+@pytest.fixture
+def seeded(served: tuple[httpx.Client, Seeded]) -> Seeded:
+    return served[1]
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+
+
+class TestLists:
+    def test_nodes_unhealthy_newest_change_first(self, client: httpx.Client) -> None:
+        body = client.get("/api/v1/nodes", params={"unhealthy": True}).json()
+        assert [n["name"] for n in body["items"]] == ["gpu-node-07", "gpu-node-11", "gpu-node-03"]
+        hot = body["items"][0]
+        assert hot["state"] == "quarantined"
+        assert hot["rules"] == ["GpuTooHot"]
+        assert hot["affected_gpus"] == ["3"]
+        assert hot["gpu_count"] == 8
+        assert hot["ticket"]["status"] == "pending"
+        assert body["next_cursor"] is None
+
+    @pytest.mark.parametrize(
+        ("params", "names"),
+        [
+            ({"state": "awaiting_repair"}, ["gpu-node-03"]),
+            ({"state": ["blocked", "quarantined"]}, ["gpu-node-07", "gpu-node-11"]),
+            ({"pool": "a100", "sort": "name"}, ["gpu-node-11", "gpu-node-20", "gpu-node-21", "gpu-node-22"]),
+            ({"rule": "XidFatal"}, ["gpu-node-03"]),
+            ({"q": "node-2", "sort": "name"}, ["gpu-node-20", "gpu-node-21", "gpu-node-22"]),
+            ({"q": "%"}, []),
+        ],
+    )
+    def test_node_filters(self, client: httpx.Client, params: dict[str, object], names: list[str]) -> None:
+        body = client.get("/api/v1/nodes", params=params).json()
+        assert [n["name"] for n in body["items"]] == names
+
+    @pytest.mark.parametrize("sort", ["name", "since"])
+    def test_cursor_pagination_visits_every_node_once(self, client: httpx.Client, sort: str) -> None:
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            params: dict[str, object] = {"limit": 2, "sort": sort}
+            if cursor:
+                params["cursor"] = cursor
+            body = client.get("/api/v1/nodes", params=params).json()
+            seen += [n["name"] for n in body["items"]]
+            pages += 1
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert pages == 3
+        assert sorted(seen) == sorted(set(seen)) and len(seen) == 6
+        if sort == "name":
+            assert seen == sorted(seen)
+
+    def test_bad_cursors_are_400(self, client: httpx.Client) -> None:
+        assert_error(client.get("/api/v1/nodes", params={"cursor": "garbage!"}), 400, "invalid_cursor")
+        name_cursor = client.get("/api/v1/nodes", params={"limit": 1, "sort": "name"}).json()["next_cursor"]
+        mixed = client.get("/api/v1/nodes", params={"cursor": name_cursor, "sort": "since"})
+        assert_error(mixed, 400, "invalid_cursor")
+
+    def test_validation_errors_are_422_with_the_error_body(self, client: httpx.Client) -> None:
+        assert_error(client.get("/api/v1/nodes", params={"limit": 0}), 422, "validation_error")
+        assert_error(client.get("/api/v1/nodes", params={"sort": "random"}), 422, "validation_error")
+
+    def test_incidents(self, client: httpx.Client) -> None:
+        body = client.get("/api/v1/incidents").json()
+        assert [(i["node"], i["summary"]) for i in body["items"]] == [
+            ("gpu-node-07", "GPU 3 too hot"),
+            ("gpu-node-03", "Xid 79"),
+        ]
+        only = client.get("/api/v1/incidents", params={"node": "gpu-node-03", "open": True}).json()
+        assert [i["node"] for i in only["items"]] == ["gpu-node-03"]
+        assert_error(client.get("/api/v1/incidents", params={"node": "nope"}), 404, "not_found")
+
+    def test_findings_with_values_and_labels(self, client: httpx.Client) -> None:
+        body = client.get("/api/v1/findings", params={"rule": "GpuTooHot"}).json()
+        (finding,) = body["items"]
+        assert finding["value"] == 85.5
+        assert finding["labels"]["modelName"] == EVIL_LABEL  # JSON carries it as data, unchanged
+        assert client.get("/api/v1/findings", params={"state": "resolved"}).json()["items"] == []
+
+    def test_findings_paginate(self, client: httpx.Client) -> None:
+        first = client.get("/api/v1/findings", params={"limit": 1}).json()
+        second = client.get("/api/v1/findings", params={"limit": 1, "cursor": first["next_cursor"]}).json()
+        assert first["items"][0]["id"] != second["items"][0]["id"]
+        assert second["next_cursor"] is None
+
+    def test_tickets_with_timings_and_delivery_errors(self, client: httpx.Client, seeded: Seeded) -> None:
+        body = client.get("/api/v1/tickets", params={"open": True}).json()
+        by_id = {t["id"]: t for t in body["items"]}
+        hot = by_id[seeded.hot_ticket_id]
+        assert hot["delivery_error"] == "HTTP 503: provider unavailable"
+        assert hot["delivery_attempts"] == 3
+        acked = by_id[seeded.acked_ticket_id]
+        assert acked["time_to_acknowledge_seconds"] == 4 * 3600
+        assert acked["age_seconds"] == 24 * 3600
+        assert acked["external_id"] == "RMA-42"
+        assert client.get("/api/v1/tickets", params={"open": False}).json()["items"] == []
+        assert [
+            t["node"] for t in client.get("/api/v1/tickets", params={"node": "gpu-node-03"}).json()["items"]
+        ] == ["gpu-node-03"]
+
+    def test_rules_with_health_and_rejected_reload(self, client: httpx.Client) -> None:
+        body = client.get("/api/v1/rules").json()
+        assert body["loaded"] is True
+        rules = {r["name"]: r for r in body["rules"]}
+        assert rules["XidFatal"]["health"] == "error"
+        assert rules["XidFatal"]["last_error"] == "bad_data: parse error"
+        assert rules["XidFatal"]["firing_nodes"] == 1
+        assert rules["GpuTooHot"]["health"] == "ok"
+        assert rules["GpuTooHot"]["for_seconds"] == 300
+        assert rules["GpuTooHot"]["actions"] == ["quarantine", "ticket"]
+        assert "rules/bad.yaml:3:5" in body["rejected"][0]["error"]
+
+    def test_audit_filters(self, client: httpx.Client) -> None:
+        refused = client.get("/api/v1/audit", params={"status": "refused"}).json()["items"]
+        assert [(a["kind"], a["target"]) for a in refused] == [("quarantine", "gpu-node-11")]
+        assert refused[0]["error"].startswith("budget")
+        dry = client.get("/api/v1/audit", params={"status": "dry_run", "kind": "cordon"}).json()["items"]
+        assert [a["target"] for a in dry] == ["gpu-node-07"]
+        assert client.get("/api/v1/audit", params={"actor": "nobody"}).json()["items"] == []
+
+    def test_status(self, client: httpx.Client) -> None:
+        body = client.get("/api/v1/status").json()
+        assert body["counts"]["quarantined"] == 1 and body["total"] == 6
+        assert body["breaker"] == {
+            "tripped": True,
+            "reason": "6 nodes went bad in 300s",
+            "tripped_at": NOW.isoformat(),
+            "held": ["gpu-node-21"],
+        }
+        budgets = {b["pool"]: b for b in body["budgets"]}
+        assert budgets["h100"]["out_of_service"] == 2  # quarantined + awaiting_repair
+        assert body["last_tick"]["age_seconds"] == 20
+
+
+class TestNode:
+    def test_detail(self, client: httpx.Client) -> None:
+        body = client.get("/api/v1/nodes/gpu-node-07").json()
+        assert body["node"]["state"] == "quarantined"
+        assert [g["index"] for g in body["gpus"]] == list(range(8))
+        assert body["gpus"][3]["pci_bus_id"] == "00000000:15:00.0"
+        assert body["open_incident"]["summary"] == "GPU 3 too hot"
+        assert [t["to_state"] for t in body["transitions"]] == ["quarantined", "suspect"]
+        assert body["transitions"][0]["evidence"]["value"] == 85.5
+        assert [a["kind"] for a in body["actions"]] == ["cordon"]
+        assert body["tickets"][0]["provider"] == "default"
+
+    def test_unknown_node_is_404(self, client: httpx.Client) -> None:
+        assert_error(client.get("/api/v1/nodes/nope"), 404, "not_found")
+        assert_error(client.get("/api/v1/nodes/nope/history"), 404, "not_found")
+
+    def test_history_pages_through_many_transitions(
+        self, client: httpx.Client, session_factory: sessionmaker[Session]
+    ) -> None:
+        with session_factory() as s, s.begin():
+            node = repo.get_or_create_node(s, "gpu-node-20", now=NOW)
+            for i in range(25):
+                state = NodeState.SUSPECT if i % 2 == 0 else NodeState.HEALTHY
+                repo.transition(
+                    s, node, state, now=NOW + timedelta(seconds=i // 2), actor="healer", reason=f"r{i}"
+                )
+        reasons: list[str] = []
+        cursor = None
+        while True:
+            params: dict[str, object] = {"limit": 10}
+            if cursor:
+                params["cursor"] = cursor
+            body = client.get("/api/v1/nodes/gpu-node-20/history", params=params).json()
+            reasons += [t["reason"] for t in body["items"]]
+            cursor = body["next_cursor"]
+            if not cursor:
+                break
+        # Equal timestamps are ordered by id: nothing lost or repeated at page edges.
+        assert reasons == [f"r{i}" for i in reversed(range(25))]
+
+
+class TestActions:
+    def test_release(self, client: httpx.Client) -> None:
+        r = client.post("/api/v1/nodes/gpu-node-07/release", json={"reason": "GPU 3 reseated"}, headers=OP)
+        assert r.status_code == 200, r.text
+        assert r.json()["node"]["state"] == "validating"
+        history = client.get("/api/v1/nodes/gpu-node-07/history").json()["items"]
+        assert (history[0]["to_state"], history[0]["actor"], history[0]["reason"]) == (
+            "validating",
+            "alice",
+            "GPU 3 reseated",
+        )
+        audit = client.get("/api/v1/audit", params={"kind": "release"}).json()["items"]
+        assert [(a["actor"], a["target"]) for a in audit] == [("alice", "gpu-node-07")]
+
+    def test_release_refusals(self, client: httpx.Client) -> None:
+        assert_error(client.post("/api/v1/nodes/gpu-node-20/release", headers=OP), 409, "conflict")
+        assert_error(client.post("/api/v1/nodes/nope/release", headers=OP), 404, "not_found")
+
+    def test_note(self, client: httpx.Client) -> None:
+        r = client.post("/api/v1/nodes/gpu-node-07/notes", json={"text": "vendor on site tue"}, headers=OP)
+        assert r.status_code == 200, r.text
+        notes = client.get("/api/v1/nodes/gpu-node-07").json()["notes"]
+        assert [(n["actor"], n["detail"]["text"]) for n in notes] == [("alice", "vendor on site tue")]
+        assert_error(
+            client.post("/api/v1/nodes/gpu-node-07/notes", json={"text": "   "}, headers=OP),
+            422,
+            "validation_error",
+        )
+        assert_error(
+            client.post("/api/v1/nodes/gpu-node-07/notes", json={}, headers=OP), 422, "validation_error"
+        )
+
+    def test_pause_resume(self, client: httpx.Client) -> None:
+        assert client.post("/api/v1/pause", json={"reason": "cooling work"}, headers=OP).status_code == 200
+        status = client.get("/api/v1/status").json()
+        assert (status["paused"], status["pause_reason"]) == (True, "cooling work")
+        assert client.post("/api/v1/resume", headers=OP).status_code == 200
+        assert client.get("/api/v1/status").json()["paused"] is False
+        kinds = [a["kind"] for a in client.get("/api/v1/audit", params={"actor": "alice"}).json()["items"]]
+        assert kinds == ["resume", "pause"]
+
+    def test_breaker_reset(self, client: httpx.Client) -> None:
+        r = client.post("/api/v1/breaker/reset", headers=OP)
+        assert r.status_code == 200, r.text
+        assert r.json()["held"] == ["gpu-node-21"]
+        assert client.get("/api/v1/status").json()["breaker"]["tripped"] is False
+        assert_error(client.post("/api/v1/breaker/reset", headers=OP), 409, "conflict")
+
+    def test_ticket_close(self, client: httpx.Client, seeded: Seeded) -> None:
+        r = client.post(
+            f"/api/v1/tickets/{seeded.acked_ticket_id}/close", json={"reason": "replaced"}, headers=OP
+        )
+        assert r.status_code == 200, r.text
+        assert (r.json()["ticket"]["status"], r.json()["ticket"]["closed_by"]) == ("closed", "alice")
+        assert_error(
+            client.post(f"/api/v1/tickets/{seeded.acked_ticket_id}/close", headers=OP), 409, "conflict"
+        )
+        assert_error(client.post("/api/v1/tickets/99999/close", headers=OP), 404, "not_found")
+        audit = client.get("/api/v1/audit", params={"kind": "ticket_close"}).json()["items"]
+        assert [a["actor"] for a in audit] == ["alice"]
+
+    def test_viewer_token_is_refused_every_action(self, client: httpx.Client, seeded: Seeded) -> None:
+        viewer = bearer(VIEWER_TOKEN)
+        for path in (
+            "/api/v1/nodes/gpu-node-07/release",
+            "/api/v1/pause",
+            "/api/v1/resume",
+            "/api/v1/breaker/reset",
+            f"/api/v1/tickets/{seeded.hot_ticket_id}/close",
+        ):
+            assert_error(client.post(path, headers=viewer), 403, "forbidden")
+        assert_error(
+            client.post("/api/v1/nodes/gpu-node-07/notes", json={"text": "x"}, headers=viewer),
+            403,
+            "forbidden",
+        )
+        assert client.get("/api/v1/nodes/gpu-node-07").json()["node"]["state"] == "quarantined"
+
+    def test_unknown_route_and_method_use_the_error_body(self, client: httpx.Client) -> None:
+        assert_error(client.get("/api/v1/nothing"), 404, "not_found")
+        assert_error(client.get("/api/v1/pause"), 405, "method_not_allowed")
+
+
+def test_openapi_documents_models(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "/api/v1/nodes" in spec["paths"]
+    assert "/api/v1/nodes/{name}/release" in spec["paths"]
+    schemas = spec["components"]["schemas"]
+    assert {"NodeSummary", "NodeDetail", "ErrorBody", "TicketOut", "RulesOut"} <= set(schemas)
+    assert "/" not in spec["paths"]  # pages are not API
