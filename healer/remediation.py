@@ -698,7 +698,7 @@ def remediate(
             node = repo.get_or_create_node(session, name, now=now, pool=pool)
             node.pool = pool
         names = _candidates(session, findings)
-        states = dict(session.execute(select(Node.name, Node.state)).tuples().all())
+        states = {name: st for name, st in session.execute(select(Node.name, Node.state)).all()}
 
     views: dict[str, tuple[NodeView | None, bool, str | None]] = {name: ex.read(name) for name in names}
     with session_factory() as session, session.begin():

@@ -310,10 +310,11 @@ def _concerning(facts: NodeFacts, ctx: Context) -> list[Finding]:
     return out
 
 
-def _clear(facts: NodeFacts) -> bool:
-    """Nothing firing or pending, data present and no rule frozen: the only kind of tick that
-    counts toward recovery."""
-    return not facts.firing and not facts.pending and not facts.unknown and not facts.frozen_rules
+def _clear(facts: NodeFacts, ctx: Context) -> bool:
+    """No finding of a rule that acts on nodes is firing or pending (notify-only rules are not
+    faults), data is present and no rule is frozen: the only kind of tick that counts toward
+    recovery."""
+    return not _concerning(facts, ctx) and not facts.unknown and not facts.frozen_rules
 
 
 def _evidence(findings: Sequence[Finding]) -> dict[str, object] | None:
@@ -592,7 +593,7 @@ def _validation_interrupted(f: NodeFacts, c: Context) -> bool:
     return (
         f.incident is not None
         and f.incident.clear_since is not None
-        and (bool(f.firing or f.pending) or f.unknown)
+        and (bool(_concerning(f, c)) or f.unknown)
     )
 
 
@@ -620,7 +621,7 @@ def _start_clock(f: NodeFacts, c: Context) -> Step:
 
 def _hold_done(f: NodeFacts, c: Context) -> bool:
     inc = f.incident
-    if inc is None or inc.clear_since is None or not _clear(f):
+    if inc is None or inc.clear_since is None or not _clear(f, c):
         return False
     return (c.now - inc.clear_since).total_seconds() >= _hold_seconds(f, c)
 
@@ -718,7 +719,7 @@ TABLE: tuple[Row, ...] = (
     Row(
         "hold starts",
         _s(NodeState.VALIDATING),
-        lambda f, c: f.incident is not None and f.incident.clear_since is None and _clear(f),
+        lambda f, c: f.incident is not None and f.incident.clear_since is None and _clear(f, c),
         _start_clock,
     ),
     Row("return to service", _s(NodeState.VALIDATING), _hold_done, _return_to_service),
@@ -743,7 +744,7 @@ TABLE: tuple[Row, ...] = (
     Row(
         "human's node clear",
         _s(NodeState.RELEASED),
-        lambda f, c: _clear(f),
+        lambda f, c: _clear(f, c),
         lambda f, c: Step(
             StepKind.RECORD,
             NodeState.HEALTHY,

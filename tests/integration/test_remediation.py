@@ -1,0 +1,565 @@
+"""The remediation executor end to end: real Kubernetes adapter over HTTP against the API emulator,
+real databases (SQLite and PostgreSQL), the ticket outbox. Time is a parameter; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client import ApiClient
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer import operations
+from healer.actions.kubernetes import STRATEGIC_MERGE, KubernetesNodeActions
+from healer.config import KubernetesSettings, SafetySettings, Settings
+from healer.engine.findings import Finding, TickFindings
+from healer.engine.states import FindingState, NodeState
+from healer.remediation import RemediationResult, advance_drains, remediate
+from healer.ruleset.schema import Rule, RuleGroup, RuleSet
+from healer.store import nodes as repo
+from healer.store.models import Action, Incident, Node, Ticket, Transition
+from healer.store.session import transaction
+from healer.testing.k8s_emulator import KubernetesEmulator, node, pod, pod_disruption_budget
+from tests.k8s_emulator import emulator, k8s_api, k8s_settings
+
+__all__ = ["emulator", "k8s_api", "k8s_settings"]
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+POOL_LABEL = "node.kubernetes.io/instance-type"
+HOLD = 300.0
+
+RULES = RuleSet(
+    groups=(
+        RuleGroup(
+            name="gpu",
+            rules=[
+                Rule(
+                    name="GpuTooHot",
+                    expr="max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP) > 78",
+                    actions=[
+                        "quarantine",
+                        {"drain": {"timeout": "10m", "delete_emptydir_data": True}},
+                        {"ticket": {"provider": "acme"}},
+                    ],
+                    annotations={"summary": "GPU above 78 C"},
+                ),
+                Rule(name="EccNotice", expr="y > 0", severity="info", actions=[{"notify": {}}]),
+            ],
+        ),
+    )
+)
+
+
+def hot(name: str, *, fired_at: datetime = T0, rule: str = "GpuTooHot") -> Finding:
+    return Finding(
+        rule=rule,
+        series_key=f'{rule}{{Hostname="{name}",gpu="3"}}',
+        node=name,
+        gpu="3",
+        state=FindingState.FIRING,
+        severity="critical",
+        value=91.5,
+        unit="degrees C",
+        labels={"Hostname": name, "gpu": "3"},
+        summary="GPU above 78 C",
+        active_since=fired_at - timedelta(minutes=5),
+        fired_at=fired_at,
+    )
+
+
+def tick(at: datetime, *firing: Finding) -> TickFindings:
+    by_node: dict[str, list[Finding]] = {}
+    for f in firing:
+        by_node.setdefault(f.node, []).append(f)
+    return TickFindings(at=at, firing=by_node)
+
+
+def fleet_nodes(count: int, pool: str = "a100") -> list[dict[str, Any]]:
+    return [node(f"gpu-{i:02d}", labels={POOL_LABEL: pool}) for i in range(count)]
+
+
+class Harness:
+    """One controller process: settings, an adapter, the database; ``restart`` builds a new one."""
+
+    def __init__(
+        self,
+        emu: KubernetesEmulator,
+        sessions: sessionmaker[Session],
+        k8s_settings: KubernetesSettings,
+        **safety: Any,
+    ) -> None:
+        self.emu = emu
+        self.sessions = sessions
+        limits = {"dry_run": False, "max_unhealthy": 2, "max_unhealthy_percent": 10, **safety}
+        self.settings = Settings(kubernetes=k8s_settings, safety=SafetySettings(**limits))
+        self.api: ApiClient = emu.api_client()
+        self.actions = KubernetesNodeActions(self.api, k8s_settings, identity="healer-0", clock=lambda: T0)
+
+    def restart(self) -> Harness:
+        self.api.close()
+        return Harness(self.emu, self.sessions, self.settings.kubernetes, **self.settings.safety.model_dump())
+
+    def remediate(self, findings: TickFindings, **kw: Any) -> RemediationResult:
+        kw.setdefault("recovery_hold_seconds", HOLD)
+        # The composition root lists the cluster's nodes (the fleet the breaker's % is taken of).
+        kw.setdefault(
+            "fleet",
+            {
+                n["metadata"]["name"]: n["metadata"]["labels"].get(POOL_LABEL, "default")
+                for n in self.emu.list("Node")
+            },
+        )
+        return remediate(
+            findings=findings,
+            rules=RULES,
+            actions=self.actions,
+            session_factory=self.sessions,
+            settings=self.settings,
+            now=findings.at,
+            **kw,
+        )
+
+    def drains(self, now: datetime) -> RemediationResult:
+        return advance_drains(
+            rules=RULES, actions=self.actions, session_factory=self.sessions, settings=self.settings, now=now
+        )
+
+    # -- what a user sees --
+
+    def k8s_node(self, name: str) -> dict[str, Any]:
+        obj = self.emu.get("Node", name)
+        assert obj is not None
+        return obj
+
+    def cordoned(self) -> list[str]:
+        return sorted(
+            n["metadata"]["name"] for n in self.emu.list("Node") if n.get("spec", {}).get("unschedulable")
+        )
+
+    def event_reasons(self, name: str) -> list[str]:
+        return [
+            e.get("reason", "")
+            for e in self.emu.list("Event", api_version="events.k8s.io/v1")
+            if (e.get("regarding") or {}).get("name") == name
+        ]
+
+    def state(self, name: str) -> str:
+        with self.sessions() as s:
+            return s.scalar(select(Node.state).where(Node.name == name)) or "absent"
+
+    def path(self, name: str) -> list[tuple[str, str]]:
+        with self.sessions() as s:
+            rows = s.execute(
+                select(Transition.from_state, Transition.to_state)
+                .join(Node, Node.id == Transition.node_id)
+                .where(Node.name == name)
+                .order_by(Transition.id)
+            ).all()
+        return [(a, b) for a, b in rows]
+
+    def actions_of(self, name: str | None = None, **where: Any) -> list[Action]:
+        with self.sessions() as s:
+            q = select(Action).order_by(Action.id)
+            if name is not None:
+                q = q.join(Node, Node.id == Action.node_id).where(Node.name == name)
+            for key, value in where.items():
+                q = q.where(getattr(Action, key) == value)
+            return list(s.scalars(q))
+
+    def uncordon_by_hand(self, name: str) -> None:
+        k8s.CoreV1Api(self.api).patch_node(
+            name, {"spec": {"unschedulable": False}}, _content_type=STRATEGIC_MERGE
+        )
+
+
+@pytest.fixture
+def harness(
+    emulator: KubernetesEmulator, session_factory: sessionmaker[Session], k8s_settings: KubernetesSettings
+) -> Iterator[Harness]:
+    h = Harness(emulator, session_factory, k8s_settings)
+    yield h
+    h.api.close()
+
+
+def workload(name: str) -> list[dict[str, Any]]:
+    """A GPU node's pods: DaemonSet and mirror pods (kept), a training Job pod with scratch space and
+    an inference replica (evicted)."""
+    return [
+        pod(f"dcgm-exporter-{name}", node_name=name, namespace="monitoring", owner=("DaemonSet", "dcgm")),
+        pod(f"kube-proxy-{name}", node_name=name, namespace="kube-system", owner=None, mirror=True),
+        pod(f"train-{name}", node_name=name, namespace="ml", owner=("Job", "train"), empty_dir=True),
+        pod(
+            f"web-{name}",
+            node_name=name,
+            namespace="web",
+            owner=("ReplicaSet", "web-1"),
+            labels={"app": "web"},
+        ),
+    ]
+
+
+def test_firing_rule_quarantines_drains_and_requests_a_ticket(harness: Harness) -> None:
+    harness.emu.load([*fleet_nodes(20), *workload("gpu-03")])
+
+    result = harness.remediate(tick(T0, hot("gpu-03")))
+
+    assert result.states() == {"gpu-03": NodeState.DRAINING}
+    seen = harness.k8s_node("gpu-03")
+    assert seen["spec"]["unschedulable"] is True
+    assert {"key": "healer.dev/quarantined", "value": "GpuTooHot", "effect": "NoSchedule"} in seen["spec"][
+        "taints"
+    ]
+    condition = next(c for c in seen["status"]["conditions"] if c["type"] == "GpuHealthy")
+    assert (condition["status"], condition["reason"]) == ("False", "GpuTooHot")
+    annotations = seen["metadata"]["annotations"]
+    assert annotations["healer.dev/cordoned-by"] == "healer"
+    assert annotations["healer.dev/incident"].isdigit()
+    assert "HealerQuarantined" in harness.event_reasons("gpu-03")
+
+    harness.drains(T0 + timedelta(seconds=10))
+    harness.drains(T0 + timedelta(seconds=20))
+
+    assert harness.state("gpu-03") == NodeState.AWAITING_REPAIR
+    assert sorted(harness.emu.pods_on("gpu-03")) == [
+        "kube-system/kube-proxy-gpu-03",
+        "monitoring/dcgm-exporter-gpu-03",
+    ]
+    assert harness.path("gpu-03") == [
+        ("healthy", "suspect"),
+        ("suspect", "quarantined"),
+        ("quarantined", "draining"),
+        ("draining", "awaiting_repair"),
+    ]
+    with harness.sessions() as s:
+        incident = s.scalars(select(Incident)).one()
+        ticket = s.scalars(select(Ticket)).one()
+        assert (ticket.incident_id, ticket.provider) == (incident.id, "acme")
+        transitions = s.scalars(select(Transition).order_by(Transition.id)).all()
+        assert {t.actor for t in transitions} == {"healer"}
+        assert all(t.incident_id == incident.id for t in transitions)
+        assert transitions[1].evidence["findings"][0]["rule"] == "GpuTooHot"  # type: ignore[index]
+        assert transitions[1].evidence["findings"][0]["value"] == 91.5  # type: ignore[index]
+    drain_row = harness.actions_of("gpu-03", kind="drain")
+    assert [d.status for d in drain_row] == ["succeeded"]
+    assert set(drain_row[0].detail["evicted"]) == {"ml/train-gpu-03", "web/web-gpu-03"}  # type: ignore[index]
+    assert {a.kind for a in harness.actions_of("gpu-03")} >= {
+        "cordon",
+        "taint",
+        "condition",
+        "event",
+        "drain",
+        "ticket",
+    }
+
+
+def test_eighty_of_a_hundred_trips_the_breaker_and_nothing_moves_until_reset(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(100))
+    bad = [hot(f"gpu-{i:02d}") for i in range(80)]
+
+    result = harness.remediate(tick(T0, *bad))
+
+    assert result.breaker_tripped and result.breaker is not None
+    assert result.breaker.reason.startswith("80 node(s) (80% of 100) turned bad within 300 s")
+    assert harness.cordoned() == []
+    assert len(result.held) == 80
+    with harness.sessions() as s:
+        breaker = repo.get_switch(s, repo.SWITCH_BREAKER)
+    assert breaker["tripped"] is True and len(breaker["held"]) == 80
+    refused = harness.actions_of(status="refused")
+    assert len(refused) == 80 and {a.error for a in refused} == {"breaker"}
+    assert harness.state("gpu-00") == NodeState.BLOCKED
+
+    # Another tick with the same findings: still nothing, and no duplicate refusals.
+    harness.remediate(tick(T0 + timedelta(seconds=30), *bad))
+    assert harness.cordoned() == []
+    assert len(harness.actions_of(status="refused")) == 80
+
+    with transaction(harness.sessions) as s:
+        held = operations.reset_breaker(s, actor="cli:alice", now=T0 + timedelta(minutes=1))
+    assert len(held) == 80
+
+    # Re-evaluated against fresh data: 10 nodes still firing; the budget lets 2 go out.
+    still = [hot(f"gpu-{i:02d}") for i in range(10)]
+    result = harness.remediate(tick(T0 + timedelta(minutes=2), *still))
+    assert not result.breaker_tripped
+    assert harness.cordoned() == ["gpu-00", "gpu-01"]
+    assert sum(1 for r in result.refused().values() if r == "budget") == 8
+    # Nodes that stopped firing while held are healthy again, untouched.
+    assert harness.state("gpu-50") == NodeState.HEALTHY
+
+
+def test_budget_counts_nodes_already_out_of_service(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(30))
+    harness.remediate(tick(T0, hot("gpu-00")))
+    harness.remediate(
+        tick(T0 + timedelta(minutes=10), hot("gpu-00"), hot("gpu-01", fired_at=T0 + timedelta(minutes=10)))
+    )
+    assert harness.cordoned() == ["gpu-00", "gpu-01"]
+    third = harness.remediate(
+        tick(
+            T0 + timedelta(minutes=20),
+            hot("gpu-00"),
+            hot("gpu-01"),
+            hot("gpu-02", fired_at=T0 + timedelta(minutes=20)),
+        )
+    )
+    assert third.refused() == {"gpu-02": "budget"}
+    assert harness.cordoned() == ["gpu-00", "gpu-01"]
+    blocked = harness.path("gpu-02")[-1]
+    assert blocked == ("suspect", "blocked")
+    with harness.sessions() as s:
+        reason = s.scalar(select(Transition.reason).order_by(Transition.id.desc()).limit(1))
+    assert (
+        reason
+        == "budget: pool a100: 2 of 30 node(s) out of service, budget 2 (max_unhealthy 2, 10% of the pool)"
+    )
+
+
+def test_pdb_that_never_allows_eviction_blocks_at_the_deadline(harness: Harness) -> None:
+    harness.emu.load(
+        [
+            *fleet_nodes(20),
+            pod(
+                "db-0", node_name="gpu-05", namespace="web", owner=("StatefulSet", "db"), labels={"app": "db"}
+            ),
+            pod_disruption_budget("db", namespace="web", match_labels={"app": "db"}, min_available=1),
+        ]
+    )
+    harness.remediate(tick(T0, hot("gpu-05")))
+    assert harness.state("gpu-05") == NodeState.DRAINING
+
+    harness.drains(T0 + timedelta(minutes=1))
+    harness.drains(T0 + timedelta(minutes=5))
+    assert harness.state("gpu-05") == NodeState.DRAINING
+    harness.drains(T0 + timedelta(minutes=11))
+
+    assert harness.state("gpu-05") == NodeState.BLOCKED
+    with harness.sessions() as s:
+        reason = s.scalar(select(Transition.reason).order_by(Transition.id.desc()).limit(1))
+    assert reason is not None and "web/db-0" in reason and "web/db" in reason
+    assert "HealerDrainBlocked" in harness.event_reasons("gpu-05")
+    assert harness.emu.pods_on("gpu-05") == ["web/db-0"]  # nothing deleted
+    assert harness.k8s_node("gpu-05")["spec"]["unschedulable"] is True  # a failed drain never uncordons
+    assert [a.status for a in harness.actions_of("gpu-05", kind="drain")] == ["blocked"]
+
+    # Blocked stays blocked: no more drain steps, no re-drain on the next tick.
+    harness.drains(T0 + timedelta(minutes=12))
+    harness.remediate(tick(T0 + timedelta(minutes=12), hot("gpu-05")))
+    assert harness.state("gpu-05") == NodeState.BLOCKED
+
+
+def test_human_uncordon_mid_drain_stops_and_no_recordon_until_a_new_incident(harness: Harness) -> None:
+    harness.emu.load(
+        [
+            *fleet_nodes(20),
+            pod(
+                "db-0", node_name="gpu-07", namespace="web", owner=("StatefulSet", "db"), labels={"app": "db"}
+            ),
+            pod_disruption_budget("db", namespace="web", match_labels={"app": "db"}, min_available=1),
+        ]
+    )
+    harness.remediate(tick(T0, hot("gpu-07")))
+    harness.drains(T0 + timedelta(minutes=1))
+    assert harness.state("gpu-07") == NodeState.DRAINING
+
+    harness.uncordon_by_hand("gpu-07")
+    attempts = len(harness.emu.evictions)
+    harness.drains(T0 + timedelta(minutes=2))
+
+    assert harness.state("gpu-07") == NodeState.RELEASED
+    assert len(harness.emu.evictions) == attempts  # the drain stopped
+    assert "HealerReleased" in harness.event_reasons("gpu-07")
+    seen = harness.k8s_node("gpu-07")
+    assert not seen["spec"].get("unschedulable")
+    assert not any(t["key"] == "healer.dev/quarantined" for t in seen["spec"].get("taints") or [])
+
+    # Still firing: hands off, tick after tick.
+    for minutes in (3, 10, 30):
+        harness.remediate(tick(T0 + timedelta(minutes=minutes), hot("gpu-07")))
+        harness.drains(T0 + timedelta(minutes=minutes))
+    assert harness.cordoned() == []
+    assert harness.state("gpu-07") == NodeState.RELEASED
+
+    # The finding clears (incident over), then fires again: a new incident, quarantined again.
+    harness.remediate(tick(T0 + timedelta(minutes=40)))
+    assert harness.state("gpu-07") == NodeState.HEALTHY
+    harness.remediate(tick(T0 + timedelta(minutes=50), hot("gpu-07", fired_at=T0 + timedelta(minutes=50))))
+    assert harness.cordoned() == ["gpu-07"]
+    with harness.sessions() as s:
+        incidents = s.scalars(select(Incident).order_by(Incident.id)).all()
+    assert [i.close_reason for i in incidents] == ["findings cleared after a human took over", None]
+
+
+def test_restart_mid_drain_finishes_without_duplicate_actions(harness: Harness) -> None:
+    harness.emu.load(
+        [
+            *fleet_nodes(20),
+            pod(
+                "web-a",
+                node_name="gpu-09",
+                namespace="web",
+                owner=("ReplicaSet", "web-1"),
+                labels={"app": "web"},
+            ),
+            pod(
+                "web-b",
+                node_name="gpu-09",
+                namespace="web",
+                owner=("ReplicaSet", "web-1"),
+                labels={"app": "web"},
+            ),
+            pod_disruption_budget("web", namespace="web", match_labels={"app": "web"}, max_unavailable=1),
+        ]
+    )
+    harness.remediate(tick(T0, hot("gpu-09")))
+    harness.drains(T0 + timedelta(seconds=10))  # one pod evicted, the other held by the budget
+    assert len(harness.emu.pods_on("gpu-09")) == 1
+    harness.emu.reschedule_evicted("gpu-01")  # its replacement becomes ready elsewhere
+
+    second = harness.restart()  # a new process: new client, new adapter, same database
+    second.remediate(tick(T0 + timedelta(seconds=30), hot("gpu-09")))
+    second.drains(T0 + timedelta(seconds=40))
+    second.drains(T0 + timedelta(seconds=50))
+    second.api.close()
+
+    assert second.state("gpu-09") == NodeState.AWAITING_REPAIR
+    assert harness.emu.pods_on("gpu-09") == []
+    assert [harness.emu.eviction_count(f"web/web-{x}") for x in "ab"] == [1, 1]
+    kinds = [a.kind for a in harness.actions_of("gpu-09")]
+    for kind in ("cordon", "taint", "condition", "drain", "ticket"):
+        assert kinds.count(kind) == 1, kind
+    assert [b for _, b in harness.path("gpu-09")] == ["suspect", "quarantined", "draining", "awaiting_repair"]
+    with harness.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(Ticket)) == 1
+
+
+def test_return_to_service_after_release_and_a_clear_recovery_hold(harness: Harness) -> None:
+    harness.emu.load([*fleet_nodes(20), *workload("gpu-04")])
+    harness.remediate(tick(T0, hot("gpu-04")))
+    harness.drains(T0 + timedelta(seconds=10))
+    harness.drains(T0 + timedelta(seconds=20))
+    assert harness.state("gpu-04") == NodeState.AWAITING_REPAIR
+
+    t1 = T0 + timedelta(hours=2)
+    with transaction(harness.sessions) as s:
+        operations.release_node(s, node_name="gpu-04", actor="cli:alice", now=t1, reason="GPU replaced")
+    harness.remediate(tick(t1))  # clear: the hold starts
+    harness.remediate(
+        tick(t1 + timedelta(seconds=120), hot("gpu-04", rule="EccNotice"))
+    )  # notify-only: not a fault
+    harness.remediate(tick(t1 + timedelta(seconds=HOLD - 1)))
+    assert harness.state("gpu-04") == NodeState.VALIDATING
+    assert harness.cordoned() == ["gpu-04"]
+
+    final = harness.remediate(tick(t1 + timedelta(seconds=HOLD)))
+
+    assert harness.state("gpu-04") == NodeState.HEALTHY, final
+    seen = harness.k8s_node("gpu-04")
+    assert not seen["spec"].get("unschedulable")
+    assert not any(t["key"] == "healer.dev/quarantined" for t in seen["spec"].get("taints") or [])
+    assert not any(k.startswith("healer.dev/") for k in seen["metadata"].get("annotations") or {})
+    condition = next(c for c in seen["status"]["conditions"] if c["type"] == "GpuHealthy")
+    assert condition["status"] == "True"
+    assert [b for _, b in harness.path("gpu-04")][-2:] == ["validating", "healthy"]
+    with harness.sessions() as s:
+        incident = s.scalars(select(Incident)).one()
+    assert incident.close_reason == "returned to service"
+    assert "HealerNotify" in harness.event_reasons("gpu-04")
+
+
+def test_validation_interrupted_by_a_pending_finding_restarts_the_hold(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(20))
+    harness.remediate(tick(T0, hot("gpu-02")))
+    with transaction(harness.sessions) as s:
+        row = s.scalars(select(Node).where(Node.name == "gpu-02")).one()
+        repo.transition(s, row, NodeState.AWAITING_REPAIR, now=T0, actor="test", reason="drained")
+        operations.release_node(s, node_name="gpu-02", actor="cli:bob", now=T0)
+    harness.remediate(tick(T0 + timedelta(seconds=10)))
+    pending = TickFindings(
+        at=T0 + timedelta(seconds=200),
+        pending={"gpu-02": [hot("gpu-02")]},
+    )
+    harness.remediate(pending)
+    harness.remediate(tick(T0 + timedelta(seconds=320)))
+    assert harness.state("gpu-02") == NodeState.VALIDATING  # the hold restarted at 320 s
+    harness.remediate(tick(T0 + timedelta(seconds=320 + HOLD)))
+    assert harness.state("gpu-02") == NodeState.HEALTHY
+
+
+def test_node_deleted_mid_drain_closes_the_incident_and_frees_the_budget(harness: Harness) -> None:
+    harness.emu.load(
+        [
+            *fleet_nodes(20),
+            pod(
+                "db-0", node_name="gpu-01", namespace="web", owner=("StatefulSet", "db"), labels={"app": "db"}
+            ),
+            pod_disruption_budget("db", namespace="web", match_labels={"app": "db"}, min_available=1),
+        ]
+    )
+    harness.remediate(tick(T0, hot("gpu-00"), hot("gpu-01")))
+    assert harness.cordoned() == ["gpu-00", "gpu-01"]
+    harness.emu.delete("Node", "gpu-01")
+
+    harness.drains(T0 + timedelta(seconds=10))
+
+    assert harness.state("gpu-01") == NodeState.UNKNOWN
+    with harness.sessions() as s:
+        closed = s.scalar(
+            select(Incident.close_reason).join(Node, Node.id == Incident.node_id).where(Node.name == "gpu-01")
+        )
+    assert closed == "node deleted"
+    later = T0 + timedelta(minutes=10)
+    result = harness.remediate(tick(later, hot("gpu-00"), hot("gpu-02", fired_at=later)))
+    assert "gpu-02" in harness.cordoned()
+    assert result.refused() == {}
+
+
+def test_opt_out_label_means_never_touched(harness: Harness) -> None:
+    harness.emu.load(
+        [*fleet_nodes(10), node("gpu-99", labels={POOL_LABEL: "a100", "healer.dev/opt-out": "true"})]
+    )
+    for minutes in (0, 1, 2):
+        harness.remediate(tick(T0 + timedelta(minutes=minutes), hot("gpu-99")))
+    assert harness.cordoned() == []
+    assert harness.event_reasons("gpu-99") == []
+    assert harness.state("gpu-99") == NodeState.SUSPECT  # the finding is still recorded
+    refused = harness.actions_of("gpu-99", status="refused")
+    assert [(a.kind, a.error) for a in refused] == [("quarantine", "opt-out")]
+
+
+def test_pause_holds_quarantine_and_resume_lets_it_go(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(20))
+    with transaction(harness.sessions) as s:
+        operations.set_paused(s, paused=True, actor="cli:alice", now=T0, reason="cluster upgrade")
+    result = harness.remediate(tick(T0, hot("gpu-00")))
+    assert result.paused and result.refused() == {"gpu-00": "paused"}
+    assert harness.cordoned() == []
+    with transaction(harness.sessions) as s:
+        operations.set_paused(s, paused=False, actor="cli:alice", now=T0 + timedelta(minutes=1))
+    harness.remediate(tick(T0 + timedelta(minutes=2), hot("gpu-00")))
+    assert harness.cordoned() == ["gpu-00"]
+
+
+def test_dry_run_records_and_changes_nothing(
+    emulator: KubernetesEmulator, session_factory: sessionmaker[Session], k8s_settings: KubernetesSettings
+) -> None:
+    from healer.actions.dryrun import RecordingNodeActions
+
+    h = Harness(emulator, session_factory, k8s_settings, dry_run=True)
+    h.actions = RecordingNodeActions(h.actions, session_factory, actor="healer", clock=lambda: T0)  # type: ignore[assignment]
+    emulator.load([*fleet_nodes(20), *workload("gpu-03")])
+    h.remediate(tick(T0, hot("gpu-03")))
+    h.drains(T0 + timedelta(seconds=10))
+    h.remediate(tick(T0 + timedelta(seconds=30), hot("gpu-03")))
+    h.api.close()
+
+    assert h.cordoned() == []
+    assert len(emulator.pods_on("gpu-03")) == 4
+    assert h.state("gpu-03") == NodeState.AWAITING_REPAIR  # the story goes on, as it would have
+    statuses = {(a.kind, a.status) for a in h.actions_of("gpu-03")}
+    assert ("cordon", "dry_run") in statuses and ("drain", "dry_run") in statuses
