@@ -324,6 +324,7 @@ def drain_step(
     blocked_pods = [pod_key(x) for x in held]
     if past_deadline:
         blocked_pods += p.waiting  # still terminating at the deadline: reported, never force-deleted
+        blocked_pods += list(errors)  # failing evictions (e.g. 403) end the drain instead of looping
     after = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
     remaining = sorted({*(pod_key(x) for x in after.evict), *after.waiting, *after.refused})
     blocked = past_deadline and bool(blocked_pods)

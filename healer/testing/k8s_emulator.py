@@ -59,7 +59,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -615,8 +616,9 @@ class KubernetesEmulator:
         self._ghosts: list[Obj] = []  # evicted controller-owned pods whose replacement is not up
         self._terminating: dict[tuple[str, str], float] = {}  # (ns, name) -> monotonic removal time
         self._injected: list[_Injected] = []
-        self.requests: list[tuple[str, str]] = []  # (method, path with query)
-        self.evictions: list[Eviction] = []
+        # Bounded so a long demo does not grow without limit; tests read them as sequences.
+        self.requests: deque[tuple[str, str]] = deque(maxlen=100_000)  # (method, path with query)
+        self.evictions: deque[Eviction] = deque(maxlen=100_000)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
@@ -679,6 +681,21 @@ class KubernetesEmulator:
         from kubernetes.client import ApiClient
 
         return ApiClient(self.configuration())
+
+    def write_kubeconfig(self, path: Path, *, context: str = "emulator") -> Path:
+        """Write a kubeconfig pointing at this emulator (for ``healer run`` and ``kubectl``)."""
+        import yaml
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": context, "cluster": {"server": self.host}}],
+            "users": [{"name": context, "user": {"token": "emulator"}}],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+            "current-context": context,
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
 
     # -- direct state access (scenarios, assertions) --
 
@@ -1221,6 +1238,8 @@ class _Handler(BaseHTTPRequestHandler):
                     )
             except ApiError as exc:
                 code, payload = exc.code, exc.body()
+            except Exception as exc:  # an emulator bug: answer 500 instead of hanging the client
+                code, payload = 500, ApiError(500, "InternalError", f"emulator bug: {exc!r}").body()
         data = json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -1231,10 +1250,42 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
 
-def iter_kinds() -> Iterator[tuple[str, str]]:
-    """``(apiVersion, kind)`` of every served resource type."""
-    for r in RESOURCES:
-        yield r.group_version, r.kind
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m healer.testing.k8s_emulator --fleet 64 --kubeconfig emu.kubeconfig``: serve until
+    interrupted (loopback only)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="healer's emulated Kubernetes API (loopback only)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 = any free port)")
+    parser.add_argument("--fleet", type=int, default=0, help="load gpu_fleet(N): N GPU nodes with pods")
+    parser.add_argument(
+        "--scenario", type=Path, action="append", default=[], help="YAML/JSON objects to load"
+    )
+    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig pointing at the emulator here")
+    parser.add_argument("--auto-reschedule", action="store_true", help="recreate evicted replicas elsewhere")
+    parser.add_argument("--terminating-seconds", type=float, default=0.0, help="pods terminate this long")
+    args = parser.parse_args(argv)
+    emu = KubernetesEmulator(
+        port=args.port, auto_reschedule=args.auto_reschedule, terminating_seconds=args.terminating_seconds
+    )
+    if args.fleet:
+        emu.load(gpu_fleet(args.fleet))
+    for path in args.scenario:
+        emu.load_file(path)
+    emu.start()
+    if args.kubeconfig:
+        emu.write_kubeconfig(args.kubeconfig)
+    print(emu.host, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        emu.stop()
+
+
+if __name__ == "__main__":
+    main()
 
 
 __all__ = [
@@ -1247,7 +1298,6 @@ __all__ = [
     "Eviction",
     "KubernetesEmulator",
     "gpu_fleet",
-    "iter_kinds",
     "json_merge_patch",
     "json_patch",
     "match_field_selector",
