@@ -74,6 +74,9 @@ def _register() -> None:
     from api.commands import serve
 
     app.command("serve")(serve)
+    from healer import remediation_commands
+
+    remediation_commands.register(app)
 
 
 _register()
