@@ -54,6 +54,12 @@ def release_node(session: Session, *, node_name: str, actor: str, now: datetime,
             f"node {node_name} is {node.state}; only {', '.join(sorted(RELEASABLE))} can be released"
         )
     why = reason or "released by operator"
+    incident = repo.open_incident(session, node)
+    if incident is not None:
+        # Validation starts now: an earlier clear stretch or a blocked step no longer applies.
+        incident.clear_since = None
+        incident.blocked_step = None
+        incident.blocked_reason = None
     repo.transition(session, node, NodeState.VALIDATING, now=now, actor=actor, reason=why)
     repo.record_action(
         session,

@@ -1,0 +1,83 @@
+"""``healer node|pause|resume|breaker`` against a real SQLite database, as an operator types them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from healer.cli import app
+from healer.engine.states import NodeState
+from healer.store import migrate
+from healer.store import nodes as repo
+from healer.store.models import Action
+from healer.store.session import make_engine, make_sessionmaker, transaction
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path / 'healer.db'}"
+    migrate.upgrade(url)
+    monkeypatch.setenv("HEALER_DATABASE__URL", url)
+    monkeypatch.setenv("USER", "alice")
+    return url
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_node_list_and_release(db: str) -> None:
+    sessions = make_sessionmaker(make_engine(db))
+    with transaction(sessions) as s:
+        node = repo.get_or_create_node(s, "gpu-07", now=T0, pool="a100")
+        repo.ensure_incident(s, node, now=T0, summary="hot")
+        repo.transition(s, node, NodeState.AWAITING_REPAIR, now=T0, actor="healer", reason="drained")
+        repo.get_or_create_node(s, "gpu-08", now=T0)
+
+    code, out = run("node", "list")
+    assert code == 0
+    assert "gpu-07" in out and "awaiting_repair" in out and "gpu-08" not in out
+
+    code, out = run("node", "release", "gpu-07", "--reason", "GPU 3 replaced")
+    assert code == 0 and "gpu-07: validating" in out
+    with sessions() as s:
+        row = s.scalars(select(Action).where(Action.kind == "release")).one()
+        assert (row.actor, row.detail) == ("cli:alice", {"reason": "GPU 3 replaced"})
+
+    code, out = run("node", "release", "gpu-08")
+    assert code == 1 and "only" in out
+
+
+def test_pause_resume_and_breaker(db: str) -> None:
+    assert run("pause", "--reason", "cluster upgrade") == (0, "healer paused: cluster upgrade\n")
+    sessions = make_sessionmaker(make_engine(db))
+    with sessions() as s:
+        assert repo.get_switch(s, repo.SWITCH_PAUSED) == {"paused": True, "reason": "cluster upgrade"}
+    assert run("resume")[0] == 0
+
+    code, out = run("breaker", "status")
+    assert code == 0 and "not tripped" in out
+    code, out = run("breaker", "reset")
+    assert code == 1 and "not tripped" in out
+
+    with transaction(sessions) as s:
+        value = {
+            "tripped": True,
+            "reason": "80 node(s)",
+            "tripped_at": T0.isoformat(),
+            "held": ["gpu-1", "gpu-2"],
+        }
+        repo.set_switch(s, repo.SWITCH_BREAKER, value, now=T0, by="healer")
+    code, out = run("breaker", "status")
+    assert code == 0 and "TRIPPED" in out and "holding back 2 node(s): gpu-1, gpu-2" in out
+    code, out = run("breaker", "reset")
+    assert code == 0 and "2 held node(s)" in out
+    with sessions() as s:
+        assert repo.get_switch(s, repo.SWITCH_BREAKER)["reset_by"] == "cli:alice"
