@@ -222,7 +222,7 @@ class TestOwnership:
         assert actions.human_uncordoned(NODE)
         report = drain(actions)
         assert report.stopped and not report.done
-        assert emulator.evictions == []
+        assert not emulator.evictions
         assert emulator.pods_on(NODE) == ["default/web-1"]
 
     def test_release_uncordons_only_what_healer_cordoned(
@@ -377,7 +377,7 @@ class TestDrain:
         assert set(report.refused) == {"default/scratch-0", "default/debug"}
         assert "emptyDir" in report.refused["default/scratch-0"]
         assert "controller" in report.refused["default/debug"]
-        assert emulator.evictions == []
+        assert not emulator.evictions
 
         allowed = drain(actions, delete_emptydir_data=True, force=True)
         assert allowed.done
@@ -392,7 +392,7 @@ class TestDrain:
         assert report.refused == {
             "monitoring/dcgm-exporter-x": "DaemonSet-managed pod (ignore_daemonsets is off)"
         }
-        assert emulator.evictions == []
+        assert not emulator.evictions
 
     def test_a_restarted_drain_resumes_without_duplicating_evictions(
         self, k8s_settings: KubernetesSettings
@@ -460,6 +460,19 @@ class TestDrain:
         assert report.blocked
         assert report.blocked_pods == ("default/web-1",)
         assert report.budgets == ("default/by-app", "default/by-tier")
+
+    def test_a_failing_eviction_is_retried_then_ends_blocked_at_the_deadline(
+        self, emulator: KubernetesEmulator, actions: KubernetesNodeActions
+    ) -> None:
+        emulator.load([node(NODE), pod("web-1", node_name=NODE)])
+        actions.cordon(NODE, OWNERSHIP)
+        emulator.inject_error("POST", r"/pods/web-1/eviction$", 403, times=2)
+        early = drain(actions, now=T0 + timedelta(seconds=1), timeout=60)
+        assert not early.done and not early.blocked
+        assert "HTTP 403" in early.errors["default/web-1"]
+        late = drain(actions, now=T0 + timedelta(seconds=61), timeout=60)
+        assert late.blocked and late.blocked_pods == ("default/web-1",) and late.budgets == ()
+        assert drain(actions, now=T0 + timedelta(seconds=62), timeout=60).done  # the API recovered
 
     def test_a_deleted_node_raises_not_found(
         self, emulator: KubernetesEmulator, actions: KubernetesNodeActions
@@ -574,7 +587,7 @@ class TestDryRun:
         dry.release(NODE)
 
         assert node_obj(emulator)["metadata"]["resourceVersion"] == rv
-        assert emulator.evictions == []
+        assert not emulator.evictions
         assert not [r for r in emulator.requests if r[0] != "GET"]
         assert report.dry_run and report.done
         assert report.evicted == ("default/web-1", "default/web-2", "training/train-0")
@@ -614,6 +627,12 @@ class TestApiClient:
         settings = KubernetesSettings(kubeconfig=kubeconfig, context="emu", request_timeout_seconds=5)
         with make_api_client(settings) as api:
             assert KubernetesNodeActions(api, settings).read_node(NODE).name == NODE
+
+    def test_the_emulators_own_kubeconfig(self, emulator: KubernetesEmulator, tmp_path: Path) -> None:
+        emulator.add(node(NODE))
+        settings = KubernetesSettings(kubeconfig=emulator.write_kubeconfig(tmp_path / "kubeconfig"))
+        with make_api_client(settings) as api:
+            assert KubernetesNodeActions(api, settings).read_node(NODE).unschedulable is False
 
     def test_missing_kubeconfig_is_a_config_error(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="nope"):
