@@ -14,6 +14,7 @@ No network, no container engine, no cluster.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -38,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
+EMULATED_CLUSTER_WRAPPER = DEPLOY / "compose" / "healer_with_emulated_cluster.py"
 
 #: Oldest Kubernetes minor we promise the manifests for, and the newest the schemas know.
 K8S_VERSIONS = ("1.29", kubernetes_validate.utils.latest_version())
@@ -190,6 +192,20 @@ def _healer_command(args: list[str]) -> Any:
     return command.make_context(parent.info_name, rest, parent=parent.parent)
 
 
+def _healer_args(service: dict[str, Any]) -> list[str]:
+    """The ``healer`` arguments a healer-image service runs, seeing through the compose wrapper that
+    runs ``healer run`` against the emulated cluster (``WRAPPER [OPTIONS] -- [RUN ARGS]``)."""
+    entrypoint = service.get("entrypoint")
+    if entrypoint is None:
+        return list(service["command"])
+    mounts = dict(reversed(v.split(":")[:2]) for v in service["volumes"])
+    assert entrypoint[0] == "python"
+    script = Path(entrypoint[1])
+    assert REPO / mounts[str(script.parent)] / script.name == EMULATED_CLUSTER_WRAPPER
+    command = service["command"]
+    return ["run", *command[command.index("--") + 1 :]]
+
+
 def _healer_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n: s for n, s in compose["services"].items() if s.get("image") == "healer:local"}
 
@@ -198,7 +214,7 @@ def test_compose_runs_real_healer_commands(compose: dict[str, Any]) -> None:
     services = _healer_services(compose)
     assert set(services) == {"migrate", "simulator", "provider", "healer"}
     for name, service in services.items():
-        ctx = _healer_command(service["command"])
+        ctx = _healer_command(_healer_args(service))
         assert (
             ctx.command.name
             == {
@@ -212,6 +228,18 @@ def test_compose_runs_real_healer_commands(compose: dict[str, Any]) -> None:
     load_scenario(simulate["scenario"])
     assert simulate["host"] == "0.0.0.0"
     assert simulate["advertise"] == f"simulator:{simulate['port']}"
+    # The emulated cluster holds the nodes the simulator serves metrics for.
+    wrapper_options = services["healer"]["command"][: services["healer"]["command"].index("--")]
+    assert wrapper_options == ["--nodes", str(simulate["nodes"])]
+
+
+def test_compose_emulated_cluster_wrapper_imports() -> None:
+    # The wrapper uses healer's CLI app and the Kubernetes emulator; importing it checks both exist.
+    spec = importlib.util.spec_from_file_location("compose_wrapper", EMULATED_CLUSTER_WRAPPER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.main)
 
 
 def test_compose_healer_environment_is_real_settings(
@@ -222,8 +250,11 @@ def test_compose_healer_environment_is_real_settings(
     unknown = [n for n in env if n.startswith("HEALER_") and not _setting_exists(n)]
     assert unknown == []
     settings = _settings_from_env(env, monkeypatch)
-    # Compose has no Kubernetes API: healer only records what it would do.
-    assert settings.safety.dry_run is True
+    # Compose has no Kubernetes: healer may act only on the emulated API inside its container.
+    assert settings.safety.dry_run is True or (
+        services["healer"]["entrypoint"][1].endswith(EMULATED_CLUSTER_WRAPPER.name)
+        and settings.kubernetes.kubeconfig is None
+    )
     assert settings.database.url.startswith("postgresql+psycopg://healer:")
     assert settings.database.url.endswith("@postgres:5432/healer")
     assert settings.database.url == services["migrate"]["environment"]["HEALER_DATABASE__URL"]
@@ -243,6 +274,27 @@ def test_compose_healer_environment_is_real_settings(
     assert settings.tickets.callback_secret_env == receiver["callback_secret_env"]
     assert env[receiver["callback_secret_env"]] == provider_env[receiver["callback_secret_env"]]
     assert receiver["callback_url"] == f"http://healer:{settings.api.port}"
+    assert _providers_the_rules_use() <= {p.name for p in settings.tickets.providers}
+
+
+def _providers_the_rules_use() -> set[str]:
+    """Provider names in the rule pack's ``ticket: {provider: NAME}`` actions."""
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            ticket = node.get("ticket")
+            if isinstance(ticket, dict) and "provider" in ticket:
+                found.add(str(ticket["provider"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for path in sorted((REPO / "rules").glob("*.y*ml")):
+        walk(yaml.safe_load(path.read_text(encoding="utf-8")))
+    return found
 
 
 def test_compose_prometheus_scrapes_the_simulator(compose: dict[str, Any]) -> None:
