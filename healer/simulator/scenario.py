@@ -283,8 +283,8 @@ def parse_scenario(text: str, *, source: str = "scenario") -> Scenario:
         problems = []
         for err in exc.errors():
             field, path, kind = _field_path(tuple(err["loc"]), err["type"])
-            line = next((lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in lines), None)
-            where = f"{source}:{line}" if line else source
+            lineno = next((lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in lines), None)
+            where = f"{source}:{lineno}" if lineno else source
             suffix = f" (fault {kind})" if kind else ""
             problems.append(f"{where}: {field}: {err['msg']}{suffix}")
         raise ScenarioError(problems) from exc

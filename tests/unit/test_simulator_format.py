@@ -108,7 +108,10 @@ def test_infiniband_values_are_printed_like_go() -> None:
 
 def test_healthy_busy_gpus_read_realistic_values() -> None:
     fleet = Fleet(FleetConfig(nodes=8, seed=11, idle_fraction=0.0))
-    temps, tensor, gr, power = [], [], [], []
+    temps: list[float] = []
+    tensor: list[float] = []
+    gr: list[float] = []
+    power: list[float] = []
     for node in fleet.node_names:
         for t in (0.0, 61.0, 333.0, 900.0, 1799.0):
             for fam in text_string_to_metric_families(fleet.render_dcgm(node, t)):
