@@ -39,6 +39,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -200,7 +201,7 @@ def provider_headers(provider: ProviderSettings) -> tuple[dict[str, str], tuple[
             kind, ref = match.groups()
             secret = signing.load_secret(
                 env=ref if kind == "env" else None,
-                file=None if kind == "env" else ref,  # type: ignore[arg-type]
+                file=None if kind == "env" else Path(ref),
                 what=f"provider {provider.name} header {name}",
             )
             value = (secret or b"").decode()

@@ -76,7 +76,7 @@ def implicated_gpus(session: Session, node: Node, findings: list[dict[str, Any]]
         if row is None and index is not None:
             row = by_index.get(index)
         labels = f.get("labels") or {}
-        entry = {
+        entry: dict[str, Any] = {
             "uuid": row.uuid if row else uuid,
             "index": row.index if row else (int(index) if index and index.isdigit() else index),
             "pci_bus_id": (row.pci_bus_id if row else None) or labels.get("pci_bus_id"),

@@ -110,7 +110,7 @@ class Receiver:
         """Base URL, e.g. ``http://127.0.0.1:40123`` (any path is accepted for webhooks)."""
         assert self._server is not None, "receiver not started"
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> Receiver:
         handler = type("Handler", (_Handler,), {"receiver": self})
@@ -168,6 +168,7 @@ class Receiver:
         """Decide the answer to one webhook and record it: (status, extra headers, JSON body)."""
         signature = self._check_signature(headers, body)
         extra: dict[str, str] = {}
+        answer: dict[str, Any]
         new_ticket: tuple[str, str] | None = None
         with self._lock:
             key = headers.get(signing.IDEMPOTENCY_HEADER.lower(), "")

@@ -509,3 +509,42 @@ class TestSecrets:
         for text in texts:
             assert SECRET not in text
             assert url_token not in text
+
+    def test_header_secrets_from_env_are_sent_not_logged(
+        self,
+        session_factory: sessionmaker[Session],
+        receivers: Any,
+        client: httpx.Client,
+        monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.DEBUG)
+        monkeypatch.setenv("TEST_JIRA_AUTH", "Basic c3JlOmFwaXRva2VuMTIz")
+        rcv = receivers(reject_status=401)
+        settings = make_settings(
+            {
+                "name": "acme",
+                "url": rcv.url,
+                "headers": {"Authorization": "${env:TEST_JIRA_AUTH}", "X-Team": "gpu"},
+            }
+        )
+        ticket_id = new_ticket(session_factory)
+        run(session_factory, settings, client, NOW)
+        (request,) = rcv.requests
+        assert request.headers["authorization"] == "Basic c3JlOmFwaXRva2VuMTIz"
+        assert request.headers["x-team"] == "gpu"
+        assert "c3JlOmFwaXRva2VuMTIz" not in caplog.text
+        assert "c3JlOmFwaXRva2VuMTIz" not in (get(session_factory, ticket_id)[0].last_error or "")
+
+    def test_missing_header_secret_is_retried_and_named(
+        self, session_factory: sessionmaker[Session], receivers: Any, client: httpx.Client
+    ) -> None:
+        rcv = receivers()
+        settings = make_settings(
+            {"name": "acme", "url": rcv.url, "headers": {"Authorization": "${env:NOPE_X}"}}
+        )
+        ticket_id = new_ticket(session_factory)
+        (outcome,) = run(session_factory, settings, client, NOW).outcomes
+        assert outcome.result == "retry"
+        assert "NOPE_X is not set" in (get(session_factory, ticket_id)[0].last_error or "")
+        assert rcv.requests == []
