@@ -162,6 +162,18 @@ DCGM_FAMILIES: tuple[Family, ...] = (
     Family(XID_FAMILY, "Value of the last XID error encountered.", "gauge", "d"),
 )
 
+#: dcgm-exporter's own Xid counter (``DCGM_EXP_XID_ERRORS_COUNT``): one series per (GPU, Xid) seen in the
+#: trailing window, labels ``window_size_in_ms`` and ``xid`` after the GPU labels. Not sticky: a later
+#: Xid 45 does not hide an earlier 79.
+XID_COUNT_FAMILY = Family(
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "Count of XID Errors within user-specified time window (see xid-count-window-size param).",
+    "gauge",
+    "d",
+)
+#: The exporter's default ``--xid-count-window-size``, milliseconds (5 minutes).
+XID_COUNT_WINDOW_MS = 300_000
+
 #: DCGM counters: reset to 0 by an ``exporter_restart`` fault.
 DCGM_COUNTERS = tuple(f.name for f in DCGM_FAMILIES if f.type == "counter")
 

@@ -107,6 +107,9 @@ def _suffix(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(_K8S_SUFFIX) for _ in range(n))
 
 
+_XID_COUNT_HEADER = family_header(c.XID_COUNT_FAMILY.name, c.XID_COUNT_FAMILY.help, c.XID_COUNT_FAMILY.type)
+
+
 def _gpu_uuid(rng: random.Random) -> str:
     a, b, c_, d, e = (rng.getrandbits(bits) for bits in (32, 16, 16, 16, 48))
     return f"GPU-{a:08x}-{b:04x}-{c_:04x}-{d:04x}-{e:012x}"
@@ -126,6 +129,7 @@ class _Node:
     node_exporter_pod: str
     uuids: tuple[str, ...]
     templates: dict[tuple[int, ...], str]
+    labels: dict[int, tuple[str, str]]
 
 
 class Fleet:
@@ -174,6 +178,7 @@ class Fleet:
                     node_exporter_pod=f"node-exporter-{_suffix(node_rng, 5)}",
                     uuids=uuids,
                     templates={},
+                    labels={},
                 )
             )
         self._ib_template = self._build_ib_template()
@@ -280,7 +285,16 @@ class Fleet:
             else:
                 vals = values[fam.name]
                 args += [vals[g] for g in present]
-        return template.format(*args)
+        text = template.format(*args)
+        # Series of the windowed Xid counter come and go with the events, so they are not templated.
+        fam = c.XID_COUNT_FAMILY
+        lines = [_XID_COUNT_HEADER]
+        for (g, code), count in sorted(sample.xid_counts.items()):
+            if g in present:
+                head, tail = self._gpu_labels(n, g)
+                window = f'window_size_in_ms="{c.XID_COUNT_WINDOW_MS}",xid="{code}"'
+                lines.append(f"{fam.name}{{{head},{window}{tail}}} {count}\n")
+        return text + "".join(lines)
 
     def render_node(self, node: str, t: float) -> str:
         """node_exporter's InfiniBand exposition text for ``node`` at ``t`` (ignores exporter faults)."""
@@ -294,6 +308,12 @@ class Fleet:
 
     def _gpu_labels(self, n: _Node, g: int) -> tuple[str, str]:
         """(head, tail) label pairs of GPU ``g``: the XID family puts err_code/err_msg in between."""
+        cached = n.labels.get(g)
+        if cached is None:
+            cached = n.labels[g] = self._make_gpu_labels(n, g)
+        return cached
+
+    def _make_gpu_labels(self, n: _Node, g: int) -> tuple[str, str]:
         style = self.config.label_style
         host_key = "hostname" if style is LabelStyle.HOSTNAME_LOWER else "Hostname"
         host_value = n.dcgm_pod if style is LabelStyle.NODE else n.name

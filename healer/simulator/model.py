@@ -106,12 +106,14 @@ class GpuSample:
 
     ``present`` lists the GPU indices the exporter reports; ``values`` maps a DCGM field name to one
     value per GPU index (ints for ``%d`` fields, floats for ``%f`` fields; absent GPUs included);
-    ``xid[g]`` is the Xid the sticky gauge shows (0 = "No Error").
+    ``xid[g]`` is the Xid the sticky gauge shows (0 = "No Error"); ``xid_counts`` maps (GPU, Xid) to the
+    number of those Xids in the exporter's trailing window (``DCGM_EXP_XID_ERRORS_COUNT``).
     """
 
     present: tuple[int, ...]
     values: dict[str, list[int] | list[float]]
     xid: list[int]
+    xid_counts: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -209,15 +211,25 @@ class NodeModel:
         gauges.update(counters)
         xid = [0] * self.gpus
         latest = [-1.0] * self.gpus
+        counts: dict[tuple[int, int], int] = {}
+        window = c.XID_COUNT_WINDOW_MS / 1000
         missing: set[int] = set()
         for f in self.faults:
-            if isinstance(f, Xid) and f.at <= t and f.gpu < self.gpus and f.at >= latest[f.gpu]:
-                if restart is None or f.at >= restart:
+            # a restarted exporter has seen no Xid yet
+            if (
+                isinstance(f, Xid)
+                and f.at <= t
+                and f.gpu < self.gpus
+                and (restart is None or f.at >= restart)
+            ):
+                if f.at >= latest[f.gpu]:
                     xid[f.gpu], latest[f.gpu] = f.code, f.at
+                if t - f.at < window:
+                    counts[(f.gpu, f.code)] = counts.get((f.gpu, f.code), 0) + 1
             elif isinstance(f, GpuMissing) and _active(f, t):
                 missing.add(f.gpu)
         present = tuple(g for g in range(self.gpus) if g not in missing)
-        return GpuSample(present=present, values=gauges, xid=xid)
+        return GpuSample(present=present, values=gauges, xid=xid, xid_counts=counts)
 
     def _gauges(self, t: float) -> dict[str, list[int] | list[float]]:
         n = self.gpus

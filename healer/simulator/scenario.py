@@ -100,7 +100,8 @@ class SilentThrottle(_GpuFault):
 class Xid(_GpuFault):
     """The GPU reports Xid ``code`` at ``at``. ``DCGM_FI_DEV_XID_ERRORS`` is a sticky gauge: it shows the
     LAST Xid (value and ``err_code``/``err_msg`` labels) until the exporter restarts, so a later Xid 45
-    overwrites an earlier 79. Use ``code: 45`` for the usual follow-up noise."""
+    overwrites an earlier 79. ``DCGM_EXP_XID_ERRORS_COUNT{xid="<code>"}`` counts it for the exporter's
+    5-minute window, then its series disappears. Use ``code: 45`` for the usual follow-up noise."""
 
     fault: Literal["xid"]
     code: int = Field(..., ge=1, le=999, description="Xid number.")

@@ -119,8 +119,8 @@ def test_xid_gauge_is_sticky_and_shows_the_last_xid() -> None:
     )
     assert diff(fleet, "dcgm", 99.0) == {}
     d = diff(fleet, "dcgm", 100.0)
-    assert changed(d) == {("DCGM_FI_DEV_XID_ERRORS", "5")}
-    after = {dict(k[1])["err_code"]: v for k, v in d.items()}
+    assert changed(d) == {("DCGM_FI_DEV_XID_ERRORS", "5"), ("DCGM_EXP_XID_ERRORS_COUNT", "5")}
+    after = {dict(k[1])["err_code"]: v for k, v in d.items() if k[0] == "DCGM_FI_DEV_XID_ERRORS"}
     assert after == {"0": (0.0, None), "79": (None, 79.0)}  # one series replaced by another
     assert (
         value(fleet, "dcgm", 149.0, "DCGM_FI_DEV_XID_ERRORS", gpu="5", err_msg="GPU has fallen off the bus")
@@ -128,6 +128,7 @@ def test_xid_gauge_is_sticky_and_shows_the_last_xid() -> None:
     )
     # a later Xid 45 overwrites the gauge: the 79 is no longer visible in this metric
     for t in (150.0, 10_000.0):
+        assert "79" not in {dict(k[1]).get("err_code") for k in scrape(fleet, "dcgm", t)}
         assert value(fleet, "dcgm", t, "DCGM_FI_DEV_XID_ERRORS", gpu="5") == 45
         assert value(fleet, "dcgm", t, "DCGM_FI_DEV_XID_ERRORS", gpu="5", err_code="45") == 45
 
@@ -282,3 +283,29 @@ def test_faults_on_one_node_leave_the_others_alone() -> None:
     for node in ("gpu-node-00", "gpu-node-01", "gpu-node-03"):
         assert fleet.render_dcgm(node, 10.0) == HEALTHY.render_dcgm(node, 10.0)
         assert fleet.render_node(node, 10.0) == HEALTHY.render_node(node, 10.0)
+
+
+def test_xid_count_sees_a_fatal_xid_that_a_later_xid_45_hides_from_the_gauge() -> None:
+    fleet = with_faults(
+        {"at": "100s", "gpu": 5, "fault": "xid", "code": 79},
+        {"at": "150s", "gpu": 5, "fault": "xid", "code": 45},
+        {"at": "160s", "gpu": 5, "fault": "xid", "code": 45},
+    )
+    count = "DCGM_EXP_XID_ERRORS_COUNT"
+    assert not [k for k in scrape(fleet, "dcgm", 99.0) if k[0] == count]
+    series = {dict(k[1])["xid"]: v for k, v in scrape(fleet, "dcgm", 200.0).items() if k[0] == count}
+    assert series == {"79": 1, "45": 2}
+    labels = next(k[1] for k in scrape(fleet, "dcgm", 200.0) if k[0] == count)
+    names = [name for name, _ in labels]
+    assert names[6:] == [
+        "DCGM_FI_DRIVER_VERSION",
+        "window_size_in_ms",
+        "xid",
+        "container",
+        "namespace",
+        "pod",
+    ]
+    assert dict(labels)["window_size_in_ms"] == "300000"
+    # the trailing window is 5 minutes: the 79 leaves it first
+    assert {dict(k[1])["xid"] for k in scrape(fleet, "dcgm", 400.0) if k[0] == count} == {"45"}
+    assert not [k for k in scrape(fleet, "dcgm", 460.0) if k[0] == count]
