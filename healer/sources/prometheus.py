@@ -128,7 +128,11 @@ class PrometheusSource:
             if budget <= 0:
                 raise SourceUnavailable(f"{self._where}: tick deadline passed before querying {_short(expr)}")
         end = time.monotonic() + budget
-        params = {"query": expr, "time": f"{at.timestamp():.3f}", "timeout": f"{max(int(budget * 1000), 1)}ms"}
+        params = {
+            "query": expr,
+            "time": f"{at.timestamp():.3f}",
+            "timeout": f"{max(int(budget * 1000), 1)}ms",
+        }
         self.queries_sent += 1
         try:
             response = self._session.get(

@@ -144,7 +144,7 @@ class TestSuccess:
         assert request["path"] == ["/api/v1/query"]
         assert request["query"] == ["up"]
         assert float(request["time"][0]) == AT.timestamp()
-        assert request["timeout"] == ["4.000s"]
+        assert request["timeout"] == ["4000ms"]  # Prometheus durations take no fractions
         assert src.queries_sent == 1
 
 
