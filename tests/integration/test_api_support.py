@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import uvicorn
@@ -339,3 +341,55 @@ def login(client: httpx.Client, token: str) -> str:
     r = client.post("/login", data={"token": token, "csrf_token": csrf_from(page.text), "next": "/"})
     assert r.status_code == 303, r.text
     return csrf_from(client.get("/").text)
+
+
+def dcgm_scrape(node: str, *, gpus: int = 2, at: float) -> str:
+    """A dcgm-exporter style scrape for ``node``: temperature and tensor activity per GPU, varying
+    with ``at`` (unix seconds) so a chart has a shape."""
+    lines = [
+        "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).",
+        "# TYPE DCGM_FI_DEV_GPU_TEMP gauge",
+    ]
+    labels = [
+        f'gpu="{i}",UUID="GPU-0000-{i}",pci_bus_id="00000000:{18 + i:02X}:00.0",device="nvidia{i}",'
+        f'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"'
+        for i in range(gpus)
+    ]
+    wobble = int(at) % 10
+    lines += [f"DCGM_FI_DEV_GPU_TEMP{{{lab}}} {60 + 10 * i + wobble}" for i, lab in enumerate(labels)]
+    lines += [
+        "# HELP DCGM_FI_PROF_PIPE_TENSOR_ACTIVE Ratio of cycles the tensor (HMMA) pipe is active.",
+        "# TYPE DCGM_FI_PROF_PIPE_TENSOR_ACTIVE gauge",
+    ]
+    lines += [
+        f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{lab}}} {0.2 + 0.3 * i + wobble / 100:.6f}"
+        for i, lab in enumerate(labels)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def dcgm_exporter(node: str, *, gpus: int = 2) -> Iterator[str]:
+    """Serve :func:`dcgm_scrape` for ``node`` at ``http://127.0.0.1:<port>/metrics``; yield host:port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = dcgm_scrape(node, gpus=gpus, at=time.time()).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="dcgm-exporter", daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
