@@ -71,6 +71,12 @@ def _register() -> None:
     from healer.sources import commands as source_commands
 
     source_commands.register(app)
+    from healer.run_command import run
+
+    app.command("run")(run)
+    from healer.demo import demo_command
+
+    app.command("demo")(demo_command)
     from api.commands import serve
 
     app.command("serve")(serve)

@@ -1,0 +1,274 @@
+"""The controller process behind ``healer run``: the jobs, leadership, and shutdown.
+
+Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not stacked):
+
+* **lease**   every ``kubernetes.renew_interval_seconds``: acquire or renew the Lease.
+* **tick**    every rule-group interval (the shortest one): detection → remediation → record.
+* **drains**  every ``scheduler.drain_interval_seconds``: one step of every drain in progress.
+* **outbox**  every ``scheduler.outbox_interval_seconds``: deliver due provider tickets.
+* **rules**   every 2 s: reload rule files that changed (SIGHUP reloads at once).
+* **retention** hourly: prune rule evaluations and closed incidents' rows older than
+  ``scheduler.retention_days``.
+
+Only the leader ticks, drains and delivers; the others keep serving the dashboard and trying for
+the Lease. A lost Lease stops acting at the next check (before each job and each node step).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
+
+import httpx
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.actions.base import NodeActions
+from healer.config import Settings
+from healer.detection import initial_state, run_detection
+from healer.engine.evaluation import EvaluationState
+from healer.errors import HealerError
+from healer.metrics import HealerMetrics
+from healer.remediation import advance_drains, remediate
+from healer.rules_holder import RulesHolder
+from healer.sources.base import MetricsSource
+from healer.store import nodes as repo
+from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
+from healer.store.session import transaction
+from healer.tickets.delivery import deliver_due
+
+log = logging.getLogger(__name__)
+
+
+class Leadership(Protocol):
+    """What the controller needs of a leader elector (``healer.actions.lease.LeaderElector``)."""
+
+    def try_acquire_or_renew(self, now: datetime) -> bool: ...
+
+    def still_leader(self, now: datetime) -> bool: ...
+
+    def release(self, now: datetime | None = None) -> None: ...
+
+
+class AlwaysLeader:
+    """Leadership for a single replica with no Lease (local runs without a cluster)."""
+
+    def try_acquire_or_renew(self, now: datetime) -> bool:
+        return True
+
+    def still_leader(self, now: datetime) -> bool:
+        return True
+
+    def release(self, now: datetime | None = None) -> None:
+        return None
+
+
+@dataclass
+class Controller:
+    """One controller process. Build it in :mod:`healer.wiring`; call :meth:`start`, then :meth:`stop`."""
+
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    source: MetricsSource
+    actions: NodeActions
+    rules: RulesHolder
+    leadership: Leadership
+    clock: Callable[[], datetime]
+    metrics: HealerMetrics
+    identity: str = "healer"
+    fleet: Callable[[], dict[str, str] | None] = lambda: None
+    http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
+    state: EvaluationState = field(default_factory=EvaluationState)
+    _leader: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _scheduler: BackgroundScheduler | None = None
+
+    # -- leadership ------------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader and self.leadership.still_leader(self.clock())
+
+    def keep_lease(self) -> None:
+        """Acquire or renew the Lease; a newly won leadership resumes from the database."""
+        now = self.clock()
+        try:
+            won = self.leadership.try_acquire_or_renew(now)
+        except HealerError as exc:
+            log.error("lease renewal failed: %s", exc)
+            won = False
+        if won and not self._leader:
+            log.info("became leader", extra={"identity": self.identity})
+            with self._lock:
+                self.state = initial_state(self.session_factory)
+        elif self._leader and not won:
+            log.warning("lost leadership; stopping all actions", extra={"identity": self.identity})
+        self._leader = won
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One evaluation tick: query → evaluate → advance lifecycles → act → record."""
+        if not self.is_leader:
+            return
+        with self._lock:
+            now = self.clock()
+            ruleset = self.rules.ruleset
+            ok = True
+            try:
+                detection = run_detection(
+                    ruleset=ruleset,
+                    source=self.source,
+                    session_factory=self.session_factory,
+                    state=self.state,
+                    now=now,
+                )
+                self.state = detection.state
+                for report in detection.reports:
+                    self.metrics.set_rule_health(
+                        report.rule, str(report.health), evaluated_at_unix=now.timestamp()
+                    )
+                if not self.is_leader:
+                    return
+                result = remediate(
+                    findings=detection.findings,
+                    rules=ruleset,
+                    actions=self.actions,
+                    session_factory=self.session_factory,
+                    settings=self.settings,
+                    now=now,
+                    fleet=self.fleet(),
+                )
+                changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
+                if changed:
+                    log.info(
+                        "tick moved %d node(s)",
+                        len(changed),
+                        extra={"nodes": {o.node: f"{o.from_state}->{o.to_state}" for o in changed}},
+                    )
+            except Exception:
+                ok = False
+                log.exception("tick failed")
+                raise
+            finally:
+                duration = (self.clock() - now).total_seconds()
+                self.metrics.observe_tick(duration_seconds=duration, ok=ok)
+                with transaction(self.session_factory) as session:
+                    repo.set_switch(
+                        session,
+                        repo.SWITCH_LAST_TICK,
+                        {
+                            "at": now.isoformat(),
+                            "duration_seconds": duration,
+                            "leader": self.identity,
+                            "ok": ok,
+                        },
+                        now=now,
+                        by=self.identity,
+                    )
+
+    def drains(self) -> None:
+        """One step of every drain in progress (resumed from the database after a restart)."""
+        if not self.is_leader:
+            return
+        with self._lock:
+            advance_drains(
+                rules=self.rules.ruleset,
+                actions=self.actions,
+                session_factory=self.session_factory,
+                settings=self.settings,
+                now=self.clock(),
+            )
+
+    def outbox(self) -> None:
+        """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
+        if not self.is_leader:
+            return
+        report = deliver_due(
+            session_factory=self.session_factory, settings=self.settings, now=self.clock(), client=self.http
+        )
+        if report.delivered or report.failed:
+            log.info(
+                "tickets delivered=%d retrying=%d failed=%d", report.delivered, report.retrying, report.failed
+            )
+
+    def retention(self) -> None:
+        """Delete rule evaluations, old transitions of closed incidents and spent callback nonces."""
+        if not self.is_leader:
+            return
+        now = self.clock()
+        cutoff = now - timedelta(days=self.settings.scheduler.retention_days)
+        with transaction(self.session_factory) as session:
+            session.execute(delete(RuleEvaluation).where(RuleEvaluation.evaluated_at < cutoff))
+            closed = select(Incident.id).where(Incident.closed_at.is_not(None), Incident.closed_at < cutoff)
+            session.execute(delete(Transition).where(Transition.incident_id.in_(closed)))
+            skew = timedelta(seconds=self.settings.tickets.max_clock_skew_seconds * 2)
+            session.execute(delete(CallbackNonce).where(CallbackNonce.received_at < now - skew))
+
+    def reload_rules(self) -> None:
+        self.rules.reload_if_changed()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the Lease if free, then start the jobs in a background scheduler."""
+        self.keep_lease()
+        s = self.settings
+        intervals = [g.interval for g in self.rules.ruleset.groups if g.interval]
+        tick_every = min(intervals) if intervals else s.scheduler.default_interval_seconds
+        scheduler = BackgroundScheduler(timezone="UTC", job_defaults={"coalesce": True, "max_instances": 1})
+        jobs: list[tuple[Callable[[], None], float]] = [
+            (self.keep_lease, s.kubernetes.renew_interval_seconds),
+            (self.tick, tick_every),
+            (self.drains, s.scheduler.drain_interval_seconds),
+            (self.outbox, s.scheduler.outbox_interval_seconds),
+            (self.reload_rules, 2.0),
+            (self.retention, 3600.0),
+        ]
+        for func, seconds in jobs:
+            scheduler.add_job(
+                _guarded(func),
+                "interval",
+                seconds=seconds,
+                id=func.__name__,
+                next_run_time=self.clock(),
+                misfire_grace_time=max(1, int(seconds)),
+            )
+        scheduler.start()
+        self._scheduler = scheduler
+        log.info(
+            "controller started",
+            extra={"identity": self.identity, "tick_seconds": tick_every, "dry_run": s.safety.dry_run},
+        )
+
+    def stop(self) -> None:
+        """Graceful shutdown: let the running job finish its step, then hand the Lease over."""
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        if self._leader:
+            try:
+                self.leadership.release(self.clock())
+            except HealerError as exc:
+                log.warning("could not release the lease: %s", exc)
+            self._leader = False
+        self.http.close()
+        log.info("controller stopped", extra={"identity": self.identity})
+
+
+def _guarded(func: Callable[[], None]) -> Callable[[], None]:
+    """A job that logs its failure and lets the next run try again (a bug is logged with its traceback)."""
+
+    def run() -> None:
+        try:
+            func()
+        except Exception:
+            log.exception("job %s failed", func.__name__)
+
+    run.__name__ = func.__name__
+    return run

@@ -1,0 +1,287 @@
+"""``healer demo``: the whole loop on real services on this machine.
+
+Starts, in this order: the fleet simulator (N nodes x 8 GPUs, the demo fault scenario), a real
+Prometheus scraping it (the ``prometheus`` binary), an emulated Kubernetes API holding the same
+nodes with realistic pods (training Jobs, inference ReplicaSets behind a PodDisruptionBudget,
+DaemonSets, mirror pods), a stand-in provider webhook that acknowledges and later resolves tickets
+(signed), and healer itself (``healer run`` in-process, SQLite) with its dashboard.
+
+The default rule pack runs unchanged except for its hold times: ``for``, ``keep_firing_for`` and
+group intervals are multiplied by ``time_scale`` (default 0.1: a 5 m ``for`` holds 30 s), so the
+story fits in a few minutes. The demo says so when it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+import yaml
+from sqlalchemy import func, select
+
+from healer.config import Settings, load_settings
+from healer.engine.states import NodeState
+from healer.ruleset.schema import RuleSet
+from healer.simulator.fleet import Fleet, FleetConfig
+from healer.simulator.scenario import load_scenario
+from healer.simulator.server import ElapsedClock, SimulatorServer
+from healer.store.models import Node, Ticket
+from healer.testing.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
+from healer.testing.prometheus import free_port, prometheus_server, wait_until
+from healer.tickets.receiver import Receiver
+from healer.wiring import build_process
+
+log = logging.getLogger("healer.demo")
+
+DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
+
+
+def scale_holds(ruleset: RuleSet, factor: float, *, max_interval: float = 5.0) -> RuleSet:
+    """The same rules with ``for``/``keep_firing_for`` times ``factor`` and group intervals capped."""
+    groups = tuple(
+        g.model_copy(
+            update={
+                "interval": min(g.interval or max_interval, max_interval),
+                "rules": [
+                    r.model_copy(
+                        update={"for_": r.for_ * factor, "keep_firing_for": r.keep_firing_for * factor}
+                    )
+                    for r in g.rules
+                ],
+            }
+        )
+        for g in ruleset.groups
+    )
+    return ruleset.model_copy(update={"groups": groups})
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig pointing at the emulated API (plain HTTP on loopback, no credentials)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "demo", "cluster": {"server": server}}],
+        "users": [{"name": "demo", "user": {}}],
+        "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}],
+        "current-context": "demo",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@dataclass
+class DemoSummary:
+    """What the demo saw at the end: nodes per state and tickets per status."""
+
+    states: dict[str, int]
+    tickets: dict[str, int]
+    dashboard: str
+
+    def line(self) -> str:
+        states = ", ".join(f"{k}={v}" for k, v in sorted(self.states.items()) if k != NodeState.HEALTHY)
+        tickets = ", ".join(f"{k}={v}" for k, v in sorted(self.tickets.items()))
+        return f"nodes: {states or 'all healthy'} | tickets: {tickets or 'none'}"
+
+
+def summarize(settings: Settings, sessions: object, dashboard: str) -> DemoSummary:
+    with sessions() as session:  # type: ignore[operator]
+        states = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).tuples().all())
+        tickets = dict(
+            session.execute(select(Ticket.status, func.count()).group_by(Ticket.status)).tuples().all()
+        )
+    return DemoSummary(states=states, tickets=tickets, dashboard=dashboard)
+
+
+@contextlib.contextmanager
+def demo_environment(
+    *,
+    workdir: Path,
+    nodes: int = 64,
+    port: int = 8080,
+    time_scale: float = 0.1,
+    scenario: Path = DEMO_SCENARIO,
+    database_url: str | None = None,
+    resolve_after: float = 60.0,
+) -> Iterator[tuple[Settings, object, str]]:
+    """Bring everything up; yields (settings, session factory, dashboard URL); tears it all down."""
+    if shutil.which("prometheus") is None:
+        raise SystemExit(
+            "error: the demo needs Prometheus: install it with `sudo apt-get install prometheus` "
+            "(Debian/Ubuntu), or put a prometheus binary on PATH"
+        )
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+
+    fleet = Fleet(FleetConfig(nodes=nodes), load_scenario(scenario))
+    simulator = SimulatorServer(fleet, clock=ElapsedClock()).start()
+    sd_file = simulator.write_file_sd(workdir / "fleet-targets.json")
+
+    emulator = KubernetesEmulator(auto_reschedule=True).start()
+    emulator.load([namespace("healer-system"), *gpu_fleet(nodes)])
+    kubeconfig = write_kubeconfig(workdir / "kubeconfig", emulator.host)
+
+    provider_secret = secrets.token_hex(16)
+    callback_secret = secrets.token_hex(16)
+    os.environ["HEALER_DEMO_PROVIDER_SECRET"] = provider_secret
+    os.environ["HEALER_DEMO_CALLBACK_SECRET"] = callback_secret
+    dashboard = f"http://127.0.0.1:{port}"
+    receiver = Receiver(
+        secret=provider_secret.encode(),
+        callback_url=dashboard,
+        callback_secret=callback_secret.encode(),
+        ack_after=10.0,
+        resolve_after=resolve_after,
+    ).start()
+
+    try:
+        with prometheus_server(
+            [],
+            file_sd=[sd_file],
+            scrape_interval="2s",
+            evaluation_interval="2s",
+            workdir=workdir / "prometheus",
+        ) as prometheus:
+            settings = load_settings(
+                database={"url": database_url or f"sqlite:///{workdir / 'healer.db'}"},
+                prometheus={"url": prometheus.url, "timeout_seconds": 5, "tick_deadline_seconds": 4},
+                kubernetes={
+                    "kubeconfig": kubeconfig,
+                    "lease_duration_seconds": 15,
+                    "renew_interval_seconds": 3,
+                },
+                scheduler={"outbox_interval_seconds": 2, "drain_interval_seconds": 3},
+                safety={
+                    "dry_run": False,
+                    "max_unhealthy": 8,
+                    "max_unhealthy_percent": 15,
+                    "breaker_nodes": 10,
+                },
+                tickets={
+                    "cluster_name": "demo",
+                    "dashboard_url": dashboard,
+                    "providers": [
+                        {
+                            "name": "default",
+                            "url": f"{receiver.url}/tickets",
+                            "secret_env": "HEALER_DEMO_PROVIDER_SECRET",
+                        }
+                    ],
+                    "callback_secret_env": "HEALER_DEMO_CALLBACK_SECRET",
+                },
+                api={"port": port, "anonymous_role": "operator"},
+            )
+            process = build_process(
+                settings,
+                identity="healer-demo",
+                upgrade=True,
+                transform=lambda rs: scale_holds(rs, time_scale),
+            )
+            server = uvicorn.Server(
+                uvicorn.Config(process.app, host="127.0.0.1", port=port, log_config=None, access_log=False)
+            )
+            thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
+            thread.start()
+            wait_until(lambda: server.started, timeout=20, what="dashboard")
+            wait_until(
+                lambda: (
+                    prometheus.query("count(up == 1)")
+                    and prometheus.query("count(up == 1)")[0]["value"][1] == str(2 * nodes)
+                ),
+                timeout=60,
+                what="Prometheus scraping every simulated exporter",
+            )
+            process.controller.start()
+            try:
+                yield settings, process.controller.session_factory, dashboard
+            finally:
+                process.controller.stop()
+                server.should_exit = True
+                thread.join(timeout=10)
+    finally:
+        receiver.stop()
+        emulator.stop()
+        simulator.stop()
+
+
+def run_demo(
+    *,
+    workdir: Path,
+    nodes: int = 64,
+    port: int = 0,
+    duration: float | None = None,
+    time_scale: float = 0.1,
+    database_url: str | None = None,
+    report_every: float = 15.0,
+) -> DemoSummary:
+    """Run the demo until ``duration`` seconds have passed (None: until Ctrl-C); print progress."""
+    port = port or free_port()
+    with demo_environment(
+        workdir=workdir, nodes=nodes, port=port, time_scale=time_scale, database_url=database_url
+    ) as (settings, sessions, dashboard):
+        print(f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook")
+        print(
+            f"rule hold times scaled by {time_scale} (a 5m `for` holds {300 * time_scale:.0f}s) for the demo"
+        )
+        print(f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)", flush=True)
+        started = time.monotonic()
+        next_report = started + report_every
+        try:
+            while duration is None or time.monotonic() - started < duration:
+                time.sleep(0.5)
+                if time.monotonic() >= next_report:
+                    line = summarize(settings, sessions, dashboard).line()
+                    print(f"[{time.monotonic() - started:5.0f}s] {line}", flush=True)
+                    next_report += report_every
+        except KeyboardInterrupt:
+            print("stopping ...")
+        summary = summarize(settings, sessions, dashboard)
+        print(f"final: {summary.line()}", flush=True)
+        return summary
+
+
+def demo_command(
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")
+    ] = None,
+    headless: Annotated[
+        bool, typer.Option(help="No prompts; progress lines only (for scripts and CI).")
+    ] = False,
+    nodes: Annotated[int, typer.Option(min=51, help="Simulated GPU nodes (the scenario needs 51+).")] = 64,
+    port: Annotated[int, typer.Option(help="Dashboard port (0: any free port).")] = 8080,
+    time_scale: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Multiplier of the rules' hold times.")
+    ] = 0.1,
+    workdir: Annotated[
+        Path, typer.Option(help="Where the demo keeps its database and Prometheus data.")
+    ] = Path(".demo"),
+    database_url: Annotated[
+        str | None, typer.Option(help="Database URL (default: SQLite in the workdir).")
+    ] = None,
+) -> None:
+    """Run healer on a simulated 64-node GPU fleet with real Prometheus: watch it quarantine, drain,
+    ticket and return nodes in the dashboard."""
+    from healer.logs import configure_logging
+
+    configure_logging("WARNING", json=False)
+    if not headless:
+        print("open the dashboard URL below in a browser; Ctrl-C stops the demo")
+    run_demo(
+        workdir=workdir,
+        nodes=nodes,
+        port=port,
+        duration=duration,
+        time_scale=time_scale,
+        database_url=database_url,
+    )

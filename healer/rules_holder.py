@@ -1,0 +1,109 @@
+"""The rule set in force for a running controller, reloaded on file change or SIGHUP.
+
+A bad reload keeps the previous rule set running and is recorded (``switches.ruleset``) so the
+dashboard's Rules page shows why it was rejected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.ruleset.loading import load_ruleset, reload_ruleset
+from healer.ruleset.schema import RuleSet
+from healer.store import nodes as repo
+from healer.store.session import transaction
+
+log = logging.getLogger(__name__)
+
+
+def _fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, float, int], ...]:
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+        elif path.exists():
+            files.append(path)
+    return tuple((str(p), p.stat().st_mtime, p.stat().st_size) for p in files)
+
+
+class RulesHolder:
+    """Holds the current :class:`RuleSet`; thread-safe.
+
+    Args:
+        paths: rule files or directories (``settings.rules_paths``).
+        session_factory: where a reload's outcome is recorded (None: not recorded).
+        clock: aware UTC now.
+        transform: applied to every loaded set (the demo shortens ``for`` with it).
+
+    Raises (constructor):
+        RuleError: the initial load failed; the controller does not start on bad rules.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[Path],
+        *,
+        session_factory: sessionmaker[Session] | None,
+        clock: Callable[[], datetime],
+        transform: Callable[[RuleSet], RuleSet] = lambda rs: rs,
+    ) -> None:
+        self.paths = list(paths)
+        self._sessions = session_factory
+        self._clock = clock
+        self._transform = transform
+        self._lock = threading.Lock()
+        self._fingerprint = _fingerprint(self.paths)
+        self._ruleset = transform(load_ruleset(self.paths))
+        self._record(error=None)
+
+    @property
+    def ruleset(self) -> RuleSet:
+        with self._lock:
+            return self._ruleset
+
+    def reload(self, *, reason: str = "reload") -> bool:
+        """Load the files again; True when the new set is in force, False when it was rejected."""
+        with self._lock:
+            self._fingerprint = _fingerprint(self.paths)
+            result = reload_ruleset(self.paths, self._ruleset)
+            if result.ok:
+                self._ruleset = self._transform(result.ruleset)
+                log.info("rules reloaded (%s): %d rules", reason, len(self._ruleset.rules))
+            else:
+                log.error(
+                    "rules reload rejected (%s); the previous rule set keeps running: %s",
+                    reason,
+                    result.error,
+                )
+        self._record(error=None if result.ok else str(result.error))
+        return result.ok
+
+    def reload_if_changed(self) -> bool | None:
+        """Reload when a rule file changed since the last load; None when nothing changed."""
+        if _fingerprint(self.paths) == self._fingerprint:
+            return None
+        return self.reload(reason="file changed")
+
+    def _record(self, *, error: str | None) -> None:
+        if self._sessions is None:
+            return
+        now = self._clock()
+        with transaction(self._sessions) as session:
+            row = repo.get_switch(session, repo.SWITCH_RULESET)
+            if error is None:
+                row = {
+                    "loaded_at": now.isoformat(),
+                    "sources": [str(p) for p in self.paths],
+                    "rules": len(self._ruleset.rules),
+                    "rejected": [],
+                }
+            else:
+                row.setdefault("rejected", []).append({"error": error, "at": now.isoformat()})
+                row["rejected"] = row["rejected"][-5:]
+            repo.set_switch(session, repo.SWITCH_RULESET, row, now=now, by="healer")
