@@ -133,13 +133,15 @@ def prometheus_server(
             {
                 "job_name": "fleet",
                 "scrape_interval": scrape_interval,
-                "file_sd_configs": [{"files": [str(p) for p in file_sd], "refresh_interval": "10s"}],
+                "file_sd_configs": [
+                    {"files": [str(p.resolve()) for p in file_sd], "refresh_interval": "10s"}
+                ],
             }
         )
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
         "scrape_configs": scrape_configs,
-        "rule_files": [str(p) for p in rule_files],
+        "rule_files": [str(p.resolve()) for p in rule_files],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = port or free_port()
