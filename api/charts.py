@@ -64,6 +64,7 @@ class Panel:
     lines: list[Line] = field(default_factory=list)
     y_ticks: list[tuple[float, str]] = field(default_factory=list)
     x_ticks: list[tuple[float, str]] = field(default_factory=list)
+    x_anchors: list[str] = field(default_factory=list)
     error: str | None = None
 
 
@@ -141,8 +142,9 @@ def _panel(metric: ChartMetric, series: list[RangeSeries], *, start: datetime, e
         return panel
     series.sort(key=lambda s: _sort_key(s.labels))
     values = [v * metric.scale for s in series for _, v in s.points]
-    lo = metric.y_min if metric.y_min is not None else min(values)
-    hi = metric.y_max if metric.y_max is not None else max(values)
+    # Fixed bounds (0-100 %) widen when data falls outside them, so no line leaves the plot.
+    lo = min(metric.y_min, min(values)) if metric.y_min is not None else min(values)
+    hi = max(metric.y_max, max(values)) if metric.y_max is not None else max(values)
     if hi - lo < 1e-9:
         lo, hi = lo - 1.0, hi + 1.0
     elif metric.y_min is None:

@@ -42,6 +42,7 @@ from api.schemas import (
     TransitionOut,
 )
 from healer.config import SafetySettings
+from healer.engine.safety import PoolUsage
 from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState, OutboxStatus, TicketStatus
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
@@ -135,7 +136,7 @@ def fleet_status(
     for pool, nodes, out in session.execute(
         select(Node.pool, func.count(), func.sum(out_of_service)).group_by(Node.pool).order_by(Node.pool)
     ):
-        limit = min(safety.max_unhealthy, int(nodes * safety.max_unhealthy_percent // 100))
+        limit = PoolUsage(size=nodes).limit(safety)  # the same cap safety applies
         budgets.append(PoolBudget(pool=pool, nodes=nodes, out_of_service=int(out or 0), limit=limit))
     switches = {
         row.name: dict(row.value)
@@ -633,9 +634,7 @@ def ticket_rows(
                 time_to_acknowledge_seconds=(t.acknowledged_at - started).total_seconds()
                 if t.acknowledged_at
                 else None,
-                time_to_repair_seconds=(t.resolved_at - t.created_at).total_seconds()
-                if t.resolved_at
-                else None,
+                time_to_repair_seconds=(t.resolved_at - started).total_seconds() if t.resolved_at else None,
                 delivery_attempts=msg.attempts if msg is not None else 0,
                 delivery_error=delivery_error,
             )

@@ -1,0 +1,161 @@
+"""The dashboard in headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+One uvicorn serves the app over a seeded SQLite database; a real Prometheus scrapes a small
+dcgm-exporter style endpoint for the node, so the node page's chart is drawn from real range-query
+data. One browser for the module; each test gets a fresh context (no shared cookies).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+from sqlalchemy import update
+
+from healer.sources.prometheus_range import PrometheusRange
+from healer.store import migrate
+from healer.store.models import Incident
+from healer.store.session import make_engine, make_sessionmaker
+from tests.integration.test_api_support import (
+    OPERATOR_TOKEN,
+    VIEWER_TOKEN,
+    build_app,
+    dcgm_exporter,
+    make_settings,
+    seed,
+    serve,
+)
+from tests.services import ScrapeTarget, prometheus_server
+
+pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+NODE = "gpu-node-07"
+
+
+@dataclass
+class Dashboard:
+    url: str
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    """uvicorn + seeded SQLite + a real Prometheus scraping the node's GPU metrics."""
+    db = tmp_path_factory.mktemp("browser") / "healer.db"
+    url = f"sqlite:///{db}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    factory = make_sessionmaker(engine)
+    now = datetime.now(UTC)
+    seed(factory, now=now)
+    # A fresh incident, so the chart window is the last minute or two where Prometheus has data.
+    with factory() as s, s.begin():
+        s.execute(
+            update(Incident)
+            .where(Incident.summary == "GPU 3 too hot")
+            .values(opened_at=now - timedelta(seconds=40))
+        )
+    try:
+        with dcgm_exporter(NODE, gpus=2) as address, prometheus_server([ScrapeTarget(address)]) as prom:
+            prom.wait_for_samples(f'count_over_time(DCGM_FI_DEV_GPU_TEMP{{Hostname="{NODE}"}}[1m]) >= 3')
+            app = build_app(
+                factory,
+                make_settings(),
+                clock=lambda: datetime.now(UTC),
+                prometheus=PrometheusRange(prom.url, timeout_seconds=5),
+            )
+            with serve(app) as base:
+                yield Dashboard(url=base)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context()
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
+
+
+def log_in(page: Page, base: str, token: str) -> None:
+    page.goto(f"{base}/login")
+    page.get_by_label("Token").fill(token)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_test_id("identity")).to_be_visible()
+
+
+def test_fleet_to_node_page_with_timeline_and_chart(dashboard: Dashboard, page: Page) -> None:
+    page.goto(dashboard.url)
+    expect(page.get_by_role("heading", name="Fleet")).to_be_visible()
+    nodes = page.get_by_test_id("nodes")
+    expect(nodes).to_contain_text("quarantined")
+    nodes.get_by_role("link", name=NODE).click()
+
+    expect(page).to_have_url(f"{dashboard.url}/nodes/{NODE}")
+    expect(page.get_by_test_id("node-name")).to_have_text(NODE)
+    timeline = page.get_by_test_id("timeline")
+    expect(timeline).to_contain_text("GpuTooHot firing for 5m")
+    expect(timeline).to_contain_text("suspect")
+    chart = page.get_by_test_id("chart")
+    expect(chart.locator("svg")).to_have_count(2)
+    expect(chart.locator("path.series")).to_have_count(4)  # 2 GPUs x 2 panels
+    d = chart.locator("path.series").first.get_attribute("d") or ""
+    assert d.startswith("M") and " L" in d, d
+    # The HTML label value is shown as text, not run.
+    expect(page.get_by_test_id("findings")).to_contain_text('modelName="<script>alert("x")</script>"')
+
+
+def test_viewer_is_refused_a_release(dashboard: Dashboard, page: Page) -> None:
+    log_in(page, dashboard.url, VIEWER_TOKEN)
+    expect(page.get_by_test_id("identity")).to_contain_text("victor")
+    page.goto(f"{dashboard.url}/nodes/{NODE}")
+    page.get_by_test_id("release").click()
+    expect(page.get_by_role("alert")).to_contain_text("needs the operator role")
+    page.goto(f"{dashboard.url}/nodes/{NODE}")
+    expect(page.get_by_test_id("node-state")).to_have_text("quarantined")
+
+
+def test_operator_releases_the_node(dashboard: Dashboard, page: Page) -> None:
+    log_in(page, dashboard.url, OPERATOR_TOKEN)
+    page.goto(f"{dashboard.url}/nodes/{NODE}")
+    expect(page.get_by_test_id("node-state")).to_have_text("quarantined")
+    page.get_by_test_id("release").click()
+
+    expect(page.get_by_role("heading", name="Release node")).to_be_visible()
+    page.get_by_label("Reason").fill("GPU 3 reseated")
+    page.get_by_role("checkbox").check()
+    page.get_by_role("button", name="Release").click()
+
+    expect(page).to_have_url(f"{dashboard.url}/nodes/{NODE}?done=release")
+    expect(page.get_by_role("status")).to_contain_text("Node released")
+    expect(page.get_by_test_id("node-state")).to_have_text("validating")
+    expect(page.get_by_test_id("timeline")).to_contain_text("by alice: GPU 3 reseated")
