@@ -114,6 +114,9 @@ class SafetySettings(BaseModel):
     breaker_percent: float = Field(20.0, gt=0, le=100, description="... or more than this % of the fleet.")
     breaker_window_seconds: float = Field(300.0, gt=0)
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)
+    recovery_hold_seconds: float = Field(
+        300.0, ge=0, description="A repaired node must stay clear this long before it returns to service."
+    )
     stale_after_seconds: float = Field(
         120.0, gt=0, description="A node whose exporter has not reported for this long is 'unknown'."
     )

@@ -142,7 +142,8 @@ class Controller:
                     session_factory=self.session_factory,
                     settings=self.settings,
                     now=now,
-                    fleet=self.fleet(),
+                    fleet=self._fleet(),
+                    recovery_hold_seconds=self.settings.safety.recovery_hold_seconds,
                 )
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
@@ -171,6 +172,14 @@ class Controller:
                         now=now,
                         by=self.identity,
                     )
+
+    def _fleet(self) -> dict[str, str] | None:
+        """The cluster's nodes and pools, or None when they cannot be listed now (logged)."""
+        try:
+            return self.fleet()
+        except HealerError as exc:
+            log.warning("cannot list the cluster's nodes; budgets use the nodes healer knows: %s", exc)
+            return None
 
     def drains(self) -> None:
         """One step of every drain in progress (resumed from the database after a restart)."""

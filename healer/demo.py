@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -47,8 +48,22 @@ log = logging.getLogger("healer.demo")
 DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
 
 
+_RANGE = re.compile(r"\[(\d+)([mh])\]")
+
+
+def _scale_ranges(expr: str, factor: float) -> str:
+    """``increase(x[10m])`` → ``increase(x[60s])`` at factor 0.1 (at least 30 s: a few scrapes)."""
+
+    def scaled(match: re.Match[str]) -> str:
+        seconds = int(match.group(1)) * (60 if match.group(2) == "m" else 3600)
+        return f"[{max(30, int(seconds * factor))}s]"
+
+    return _RANGE.sub(scaled, expr)
+
+
 def scale_holds(ruleset: RuleSet, factor: float, *, max_interval: float = 5.0) -> RuleSet:
-    """The same rules with ``for``/``keep_firing_for`` times ``factor`` and group intervals capped."""
+    """The same rules with ``for``, ``keep_firing_for`` and range windows times ``factor``, and
+    group intervals capped at ``max_interval`` seconds, so a demo's story fits in minutes."""
     groups = tuple(
         g.model_copy(
             update={

@@ -95,6 +95,7 @@ def build_process(
         clock=clock,
         metrics=metrics,
         identity=identity,
+        fleet=cluster.node_pools,
     )
     app = create_app(
         settings,

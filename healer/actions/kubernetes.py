@@ -139,6 +139,16 @@ class KubernetesNodeActions:
         """The node as the API server has it now. Raises ``KubernetesNotFound`` when it is gone."""
         return node_view(self._read(name))
 
+    def node_pools(self) -> dict[str, str]:
+        """Every node in the cluster → its pool (the ``pool_label`` value, ``default`` without one).
+
+        Sizes the remediation budget's percentage and the circuit breaker's fleet (one list call).
+        """
+        with api_call("list nodes"):
+            nodes = self.core.list_node(_request_timeout=self._timeout)
+        label = self.settings.pool_label
+        return {n.metadata.name: (n.metadata.labels or {}).get(label) or "default" for n in nodes.items}
+
     def human_uncordoned(self, name: str) -> bool:
         """Read the node: did a human uncordon it after healer cordoned it? (see ``base.human_uncordoned``)"""
         view = self.read_node(name)
