@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Select, and_, case, func, or_, select
+from sqlalchemy import Select, and_, case, func, or_, select, text
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import ColumnElement
 
 from api.errors import ApiError
 from api.schemas import (
@@ -64,9 +63,19 @@ ACTIVE_FINDINGS = (FindingState.PENDING, FindingState.FIRING)
 #: Ticket statuses after which nothing more happens on the provider's side.
 CLOSED_TICKETS = (TicketStatus.RESOLVED, TicketStatus.REJECTED, TicketStatus.FAILED, TicketStatus.CLOSED)
 MAX_LIMIT = 500
-#: How far back the dashboard looks for rules when no rule set is loaded (``healer serve`` without
-#: rules, tests): long enough to cover a controller restart.
-RECENT_RULES_WINDOW = timedelta(days=1)
+#: The rules ever evaluated (within retention), for when no rule set is loaded. A loose index scan
+#: on ``(rule, evaluated_at)``: one index seek per rule, where DISTINCT would read every evaluation.
+_DISTINCT_RULES = text(
+    """
+    WITH RECURSIVE seen(rule) AS (
+        SELECT MIN(rule) FROM rule_evaluations
+        UNION ALL
+        SELECT (SELECT MIN(rule) FROM rule_evaluations WHERE rule > seen.rule) FROM seen
+        WHERE seen.rule IS NOT NULL
+    )
+    SELECT rule FROM seen WHERE rule IS NOT NULL ORDER BY rule
+    """
+)
 
 NodeSort = Literal["since", "name"]
 
@@ -113,7 +122,7 @@ def _time_key(value: Any) -> datetime:
     return when
 
 
-def _after_desc(column: ColumnElement[Any], id_column: ColumnElement[int], key: Any, row_id: int) -> Any:
+def _after_desc(column: Any, id_column: Any, key: Any, row_id: int) -> Any:
     """Rows after ``(key, id)`` in ``ORDER BY column DESC, id DESC``."""
     return or_(column < key, and_(column == key, id_column < row_id))
 
@@ -189,7 +198,7 @@ def last_tick(session: Session, *, now: datetime) -> LastTick | None:
 def rules_with_health(session: Session, *, ruleset: RuleSet | None, now: datetime) -> list[RuleOut]:
     """The rule set's rules with their latest evaluation and firing/pending node counts.
 
-    Without a rule set, the rules evaluated in the last day (as the controller recorded them).
+    Without a rule set, every rule the controller recorded evaluations of (within retention).
     """
     if ruleset is not None:
         rules = [
@@ -207,15 +216,10 @@ def rules_with_health(session: Session, *, ruleset: RuleSet | None, now: datetim
             for r in g.rules
         ]
     else:
-        recent = session.execute(
-            select(RuleEvaluation.rule, RuleEvaluation.group)
-            .where(RuleEvaluation.evaluated_at >= now - RECENT_RULES_WINDOW)
-            .distinct()
-        ).all()
         rules = [
             RuleOut(
                 name=rule,
-                group=group,
+                group="",
                 expr="",
                 for_seconds=0,
                 keep_firing_for_seconds=0,
@@ -223,7 +227,7 @@ def rules_with_health(session: Session, *, ruleset: RuleSet | None, now: datetim
                 kind="",
                 actions=[],
             )
-            for rule, group in sorted(set(recent))
+            for rule in session.scalars(_DISTINCT_RULES)
         ]
     if not rules:
         return []
@@ -257,6 +261,7 @@ def rules_with_health(session: Session, *, ruleset: RuleSet | None, now: datetim
         }
         if ev is not None:
             update.update(
+                group=r.group or ev.group,
                 health=ev.health,
                 last_error=ev.error,
                 last_evaluated_at=ev.evaluated_at,
@@ -302,7 +307,7 @@ class NodeFilter:
     unhealthy: bool = False
 
 
-def _node_query(flt: NodeFilter) -> Select[tuple[Node]]:
+def _node_query(flt: NodeFilter) -> Select[Node]:
     query = select(Node)
     if flt.states:
         query = query.where(Node.state.in_(flt.states))
@@ -600,12 +605,12 @@ def ticket_rows(
         return []
     names = node_names if node_names is not None else _node_names(session, (t.node_id for t in tickets))
     latest_message: dict[int, OutboxMessage] = {}
-    for msg in session.scalars(
+    for message in session.scalars(
         select(OutboxMessage)
         .where(OutboxMessage.ticket_id.in_([t.id for t in tickets]))
         .order_by(OutboxMessage.created_at.desc(), OutboxMessage.id.desc())
     ):
-        latest_message.setdefault(msg.ticket_id, msg)
+        latest_message.setdefault(message.ticket_id, message)
     out = []
     for t in tickets:
         msg = latest_message.get(t.id)

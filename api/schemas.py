@@ -176,7 +176,9 @@ class RuleOut(BaseModel):
     severity: str
     kind: str
     actions: list[str]
-    health: str | None = Field(None, description="ok, no_data, error, unavailable; null: never evaluated.")
+    health: str | None = Field(
+        default=None, description="ok, no_data, error, unavailable; null: never evaluated."
+    )
     last_error: str | None = None
     last_evaluated_at: datetime | None = None
     last_duration_seconds: float | None = None

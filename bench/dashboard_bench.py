@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.app import create_app
 from healer.config import load_settings
+from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
 from healer.store.models import Base
 from healer.store.session import make_engine, make_sessionmaker
@@ -469,7 +470,13 @@ def run_backend(name: str, url: str, *, nodes: int, transitions: int, requests: 
             database={"url": url},
             prometheus={"url": f"http://127.0.0.1:{free_port()}", "timeout_seconds": 1.0},
         )
-        app = create_app(settings, make_sessionmaker(engine), clock=lambda: NOW)
+        # As the controller does: the live rule set (20 rules) comes from a provider.
+        ruleset = RuleSet(
+            groups=(RuleGroup(name="gpu", rules=[Rule(name=r, expr="up == 0") for r in RULES]),)
+        )
+        app = create_app(
+            settings, make_sessionmaker(engine), clock=lambda: NOW, ruleset_provider=lambda: ruleset
+        )
         rows = []
         with serve(app) as base, httpx.Client(base_url=base, timeout=30) as client:
             cursor = None

@@ -11,7 +11,7 @@ cannot be attached by a cross-site browser request, so those are exempt).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -35,7 +35,7 @@ from api.schemas import (
     TransitionOut,
 )
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
         400: "Bad request (e.g. an invalid cursor).",

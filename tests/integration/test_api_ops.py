@@ -141,3 +141,18 @@ def test_openapi_and_docs_are_served(session_factory: sessionmaker[Session]) -> 
         assert c.get("/docs").status_code == 200
         spec = c.get("/openapi.json").json()
     assert {"/healthz", "/readyz", "/metrics"} <= set(spec["paths"])
+
+
+def test_rules_without_a_rule_set_come_from_recorded_evaluations(
+    session_factory: sessionmaker[Session],
+) -> None:
+    seed(session_factory)
+    with http_client(build_app(session_factory, ruleset_provider=lambda: None)) as c:
+        body = c.get("/api/v1/rules").json()
+        page = c.get("/rules").text
+    assert body["loaded"] is False
+    assert [(r["name"], r["group"], r["health"]) for r in body["rules"]] == [
+        ("GpuTooHot", "gpu-thermal", "ok"),
+        ("XidFatal", "gpu-thermal", "error"),
+    ]
+    assert "No rule set loaded in this process" in page
