@@ -12,18 +12,17 @@ inbound provider callbacks (when the tickets feature provides them), and ``/heal
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import Auth, CsrfCookieMiddleware
 from api.errors import install_error_handlers
 from api.rendering import STATIC_DIR
-from api.routes import api_v1, ops, pages
+from api.routes import api_v1, ops, pages, ticket_callbacks
 from healer import __version__
 from healer.config import Settings
 from healer.metrics import HealerMetrics
@@ -88,19 +87,6 @@ def create_app(
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(ops.router)
     app.include_router(api_v1.router)
-    callbacks = _ticket_callbacks()
-    if callbacks is not None:
-        app.include_router(callbacks)
+    app.include_router(ticket_callbacks.router)
     app.include_router(pages.router)
     return app
-
-
-def _ticket_callbacks() -> APIRouter | None:
-    # Inbound provider callbacks belong to the tickets feature; mounted once it exists.
-    try:
-        module = importlib.import_module("api.routes.ticket_callbacks")
-    except ModuleNotFoundError as exc:
-        if exc.name != "api.routes.ticket_callbacks":
-            raise
-        return None
-    return getattr(module, "router", None)

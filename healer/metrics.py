@@ -39,6 +39,7 @@ class HealerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._database: DatabaseCollector | None = None
         self.ticks = Counter(
             "healer_ticks",
             "Ticks run (query, evaluate, act, record), by outcome.",
@@ -98,10 +99,13 @@ class HealerMetrics:
         self.actions.labels(kind=kind, result=str(result)).inc()
 
     def register_database(self, session_factory: sessionmaker[Session]) -> DatabaseCollector:
-        """Add the scrape-time database collector to this registry (once); return it."""
-        collector = DatabaseCollector(session_factory)
-        self.registry.register(collector)
-        return collector
+        """Add the scrape-time database collector to this registry; return it. Registering again
+        (a second app over the same metrics) replaces the previous one."""
+        if self._database is not None:
+            self.registry.unregister(self._database)
+        self._database = DatabaseCollector(session_factory)
+        self.registry.register(self._database)
+        return self._database
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format."""
