@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.errors import QueryError, SourceUnavailable
 from healer.metrics import HealerMetrics
 from healer.sources.prometheus_range import PrometheusRange, node_selector_expr
+from healer.store import migrate
 from healer.store import nodes as repo
 from healer.store.session import make_engine, make_sessionmaker
+from tests.conftest import REPO
 from tests.integration.test_api_support import (
     NOW,
     build_app,
@@ -22,7 +28,7 @@ from tests.integration.test_api_support import (
     make_settings,
     seed,
 )
-from tests.services import ScrapeTarget, prometheus_server
+from tests.services import ScrapeTarget, free_port, prometheus_server, wait_until
 
 
 class TestProbes:
@@ -156,3 +162,28 @@ def test_rules_without_a_rule_set_come_from_recorded_evaluations(
         ("XidFatal", "gpu-thermal", "error"),
     ]
     assert "No rule set loaded in this process" in page
+
+
+def test_healer_serve_runs_the_dashboard_standalone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'healer.db'}"
+    migrate.upgrade(url)
+    port = free_port()
+    env = {**os.environ, "HEALER_DATABASE__URL": url}
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from healer.cli import app; app()", "serve", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: httpx.get(f"{base}/healthz", timeout=1).status_code == 200, timeout=60)
+        rules = httpx.get(f"{base}/api/v1/rules", timeout=10).json()
+        assert rules["loaded"] is True and len(rules["rules"]) > 5  # the default pack from rules/
+        assert httpx.get(f"{base}/readyz", timeout=10).json()["reasons"] == ["no tick recorded yet"]
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=20)
+    # uvicorn shuts down cleanly on SIGTERM, then re-raises the signal (exit status -15).
+    assert "Application shutdown complete" in out.decode(), out.decode()
