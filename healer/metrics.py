@@ -3,9 +3,10 @@
 Two kinds:
 
 * Event metrics the controller updates as it works (:class:`HealerMetrics` methods): ticks, tick
-  duration, per-rule health, findings per rule, actions by kind and result.
+  duration, per-rule health, actions by kind and result.
 * State metrics read from the database on each scrape (:class:`DatabaseCollector`): nodes by
-  lifecycle state, breaker and pause switches, outbox depth and delivery failures. Reading them at
+  lifecycle state, pending and firing findings per rule, breaker and pause switches, outbox depth
+  and delivery failures. Reading them at
   scrape time keeps them right on every replica, leader or not, and after a restart.
 
 Nothing here is a module-level global: the composition root builds one :class:`HealerMetrics`
@@ -14,7 +15,7 @@ Nothing here is a module-level global: the composition root builds one :class:`H
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -25,9 +26,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.engine.states import NodeState, OutboxStatus, RuleHealth
+from healer.engine.states import FindingState, NodeState, OutboxStatus, RuleHealth
 from healer.store import nodes as repo
-from healer.store.models import Node, OutboxMessage
+from healer.store.models import Finding, Node, OutboxMessage
 
 #: Tick durations, seconds: a tick is a handful of PromQL queries plus database writes; the
 #: default deadline is 30 s, so buckets reach past it to show ticks that overran.
@@ -64,12 +65,6 @@ class HealerMetrics:
             ["rule"],
             registry=self.registry,
         )
-        self.findings = Gauge(
-            "healer_findings",
-            "Findings per rule and state (pending, firing) after the last tick.",
-            ["rule", "state"],
-            registry=self.registry,
-        )
         self.actions = Counter(
             "healer_actions",
             "Actions taken, dry-run or refused, by kind (cordon, drain, ticket, ...) and result.",
@@ -88,11 +83,6 @@ class HealerMetrics:
             self.rule_health.labels(rule=rule, health=str(value)).set(1.0 if value == health else 0.0)
         if evaluated_at_unix is not None:
             self.rule_last_evaluation.labels(rule=rule).set(evaluated_at_unix)
-
-    def set_findings(self, rule: str, counts: Mapping[str, int]) -> None:
-        """Set the number of findings of ``rule`` per state, e.g. ``{"pending": 1, "firing": 3}``."""
-        for state in ("pending", "firing"):
-            self.findings.labels(rule=rule, state=state).set(counts.get(state, 0))
 
     def count_action(self, kind: str, result: str) -> None:
         """Count one action by kind and result (an :class:`~healer.engine.states.ActionStatus`)."""
@@ -145,6 +135,17 @@ def _state_families(session: Session) -> Iterable[Metric]:
     for state in NodeState:
         nodes.add_metric([str(state)], float(by_state.get(str(state), 0)))
     yield nodes
+
+    findings = GaugeMetricFamily(
+        "healer_findings", "Pending and firing findings per rule (one per series).", labels=["rule", "state"]
+    )
+    for rule, state, count in session.execute(
+        select(Finding.rule, Finding.state, func.count())
+        .where(Finding.state.in_([FindingState.PENDING, FindingState.FIRING]))
+        .group_by(Finding.rule, Finding.state)
+    ):
+        findings.add_metric([rule, state], float(count))
+    yield findings
 
     breaker: dict[str, Any] = repo.get_switch(session, repo.SWITCH_BREAKER)
     tripped = GaugeMetricFamily("healer_breaker_tripped", "1 while the circuit breaker is tripped.")

@@ -82,7 +82,6 @@ def test_metrics(session_factory: sessionmaker[Session]) -> None:
     metrics = HealerMetrics()
     metrics.observe_tick(duration_seconds=0.8)
     metrics.set_rule_health("GpuTooHot", "ok", evaluated_at_unix=NOW.timestamp())
-    metrics.set_findings("GpuTooHot", {"firing": 1})
     metrics.count_action("cordon", "dry_run")
     with http_client(build_app(session_factory, metrics=metrics)) as c:
         r = c.get("/metrics")
@@ -102,6 +101,7 @@ def test_metrics(session_factory: sessionmaker[Session]) -> None:
     assert samples['healer_rule_health{health="ok",rule="GpuTooHot"}'] == "1.0"
     assert samples['healer_rule_health{health="error",rule="GpuTooHot"}'] == "0.0"
     assert samples['healer_findings{rule="GpuTooHot",state="firing"}'] == "1.0"
+    assert samples['healer_findings{rule="XidFatal",state="firing"}'] == "1.0"
     assert samples['healer_actions_total{kind="cordon",result="dry_run"}'] == "1.0"
     assert float(samples["healer_last_tick_timestamp_seconds"]) == (NOW - timedelta(seconds=20)).timestamp()
 
