@@ -132,8 +132,8 @@ class DatabaseCollector(Collector):
 def _state_families(session: Session) -> Iterable[Metric]:
     by_state = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).all())
     nodes = GaugeMetricFamily("healer_nodes", "Nodes by lifecycle state.", labels=["state"])
-    for state in NodeState:
-        nodes.add_metric([str(state)], float(by_state.get(str(state), 0)))
+    for node_state in NodeState:
+        nodes.add_metric([str(node_state)], float(by_state.get(str(node_state), 0)))
     yield nodes
 
     findings = GaugeMetricFamily(
