@@ -21,7 +21,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -30,6 +30,7 @@ import typer
 import uvicorn
 import yaml
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import Settings, load_settings
 from healer.engine.states import NodeState
@@ -70,7 +71,11 @@ def scale_holds(ruleset: RuleSet, factor: float, *, max_interval: float = 5.0) -
                 "interval": min(g.interval or max_interval, max_interval),
                 "rules": [
                     r.model_copy(
-                        update={"for_": r.for_ * factor, "keep_firing_for": r.keep_firing_for * factor}
+                        update={
+                            "for_": r.for_ * factor,
+                            "keep_firing_for": r.keep_firing_for * factor,
+                            "expr": _scale_ranges(r.expr, factor),
+                        }
                     )
                     for r in g.rules
                 ],
@@ -127,7 +132,7 @@ def demo_environment(
     time_scale: float = 0.1,
     scenario: Path = DEMO_SCENARIO,
     database_url: str | None = None,
-    resolve_after: float = 60.0,
+    resolve_after: float = 90.0,
 ) -> Iterator[tuple[Settings, object, str]]:
     """Bring everything up; yields (settings, session factory, dashboard URL); tears it all down."""
     if shutil.which("prometheus") is None:
@@ -218,9 +223,12 @@ def demo_environment(
                 what="Prometheus scraping every simulated exporter",
             )
             process.controller.start()
+            technician = _Technician(fleet, simulator.clock, process.controller.session_factory)
+            technician.start()
             try:
                 yield settings, process.controller.session_factory, dashboard
             finally:
+                technician.stop()
                 process.controller.stop()
                 server.should_exit = True
                 thread.join(timeout=10)
@@ -228,6 +236,37 @@ def demo_environment(
         receiver.stop()
         emulator.stop()
         simulator.stop()
+
+
+class _Technician(threading.Thread):
+    """The provider's technician: once a ticket is acknowledged, the part is replaced (the node's
+    simulated faults end), before the provider reports the ticket resolved."""
+
+    def __init__(self, fleet: Fleet, clock: Callable[[], float], sessions: sessionmaker[Session]) -> None:
+        super().__init__(name="demo-technician", daemon=True)
+        self.fleet, self.clock, self.sessions = fleet, clock, sessions
+        self.repaired: set[int] = set()
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(2.0):
+            with self.sessions() as session:
+                rows = session.execute(
+                    select(Ticket.id, Node.name)
+                    .join(Node, Node.id == Ticket.node_id)
+                    .where(Ticket.status.in_(["acknowledged", "in_progress", "resolved"]))
+                ).all()
+            for ticket_id, node in rows:
+                if ticket_id not in self.repaired:
+                    self.repaired.add(ticket_id)
+                    if self.fleet.repair(node, self.clock()):
+                        log.warning(
+                            "demo: the provider replaced the faulty part of %s (ticket %d)", node, ticket_id
+                        )
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
 
 
 def run_demo(

@@ -570,6 +570,8 @@ def _to_validating(f: NodeFacts, c: Context) -> Step:
 
 
 def _failed_validation(f: NodeFacts, c: Context) -> Step | None:
+    # Only a condition true now fails validation: a finding still firing only because of its
+    # recovery hold (``keep_firing_for``, condition already clear) is the repair working.
     step = _quarantine(
         f,
         c,
@@ -712,7 +714,7 @@ TABLE: tuple[Row, ...] = (
     Row(
         "failed validation",
         _s(NodeState.VALIDATING),
-        lambda f, c: bool(remediating(f, c)),
+        lambda f, c: any(x.clear_since is None for x in remediating(f, c)),
         _failed_validation,
     ),
     Row("hold interrupted", _s(NodeState.VALIDATING), _validation_interrupted, _restart_clock),

@@ -24,6 +24,7 @@ for node_exporter), and ``job`` (``dcgm-exporter``, ``node-exporter``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -182,6 +183,25 @@ class Fleet:
                 )
             )
         self._ib_template = self._build_ib_template()
+
+    def repair(self, node: str, t: float) -> int:
+        """The provider replaced the faulty part of ``node`` at ``t`` seconds: every fault of that
+        node that started by ``t`` is gone from then on (later ones still come). Values rendered
+        from ``t`` on are healthy; counters the fault raised start again from their baseline, as a
+        replaced GPU's or HCA's do. Returns how many faults were removed.
+
+        Raises:
+            KeyError: no such node.
+        """
+        index = self._by_name[node]
+        old = self._nodes[index]
+        keep = tuple(f for f in old.model.faults if f.at > t)
+        removed = len(old.model.faults) - len(keep)
+        if removed:
+            model = dataclasses.replace(old.model, faults=keep)
+            # A new _Node (fresh template cache) swapped in whole, so concurrent scrapes see either.
+            self._nodes[index] = dataclasses.replace(old, model=model, templates={}, labels={})
+        return removed
 
     def _bind(self, scenario: Scenario) -> dict[int, list[Fault]]:
         cfg = self.config

@@ -356,6 +356,18 @@ CASES = [
         ["Cordon", "Taint", "SetCondition", "Event"],
     ),
     (
+        "validating, still firing only in its recovery hold (condition clear) → not a failure",
+        facts(
+            NodeState.VALIDATING,
+            incident=HELD,
+            firing=(replace(finding(), clear_since=NOW - timedelta(seconds=30)),),
+            view=CORDONED,
+        ),
+        None,
+        None,
+        [],
+    ),
+    (
         "blocked by budget, still firing → quarantine re-evaluated",
         facts(NodeState.BLOCKED, incident=incident(blocked_step="quarantine"), firing=HOT),
         "retry quarantine",
