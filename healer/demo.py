@@ -28,7 +28,6 @@ from typing import Annotated
 
 import typer
 import uvicorn
-import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -86,20 +85,6 @@ def scale_holds(ruleset: RuleSet, factor: float, *, max_interval: float = 5.0) -
     return ruleset.model_copy(update={"groups": groups})
 
 
-def write_kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig pointing at the emulated API (plain HTTP on loopback, no credentials)."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "demo", "cluster": {"server": server}}],
-        "users": [{"name": "demo", "user": {}}],
-        "contexts": [{"name": "demo", "context": {"cluster": "demo", "user": "demo"}}],
-        "current-context": "demo",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 @dataclass
 class DemoSummary:
     """What the demo saw at the end: nodes per state and tickets per status."""
@@ -114,8 +99,21 @@ class DemoSummary:
         return f"nodes: {states or 'all healthy'} | tickets: {tickets or 'none'}"
 
 
-def summarize(settings: Settings, sessions: object, dashboard: str) -> DemoSummary:
-    with sessions() as session:  # type: ignore[operator]
+@dataclass
+class DemoEnvironment:
+    """Handles on a running demo (tests assert through them)."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    dashboard: str
+    fleet: Fleet
+    emulator: KubernetesEmulator
+    receiver: Receiver
+    prometheus_url: str
+
+
+def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: str) -> DemoSummary:
+    with sessions() as session:
         states = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).tuples().all())
         tickets = dict(
             session.execute(select(Ticket.status, func.count()).group_by(Ticket.status)).tuples().all()
@@ -133,8 +131,9 @@ def demo_environment(
     scenario: Path = DEMO_SCENARIO,
     database_url: str | None = None,
     resolve_after: float = 90.0,
-) -> Iterator[tuple[Settings, object, str]]:
-    """Bring everything up; yields (settings, session factory, dashboard URL); tears it all down."""
+    speed: float = 1.0,
+) -> Iterator[DemoEnvironment]:
+    """Bring everything up, yield handles on all of it, tear it all down."""
     if shutil.which("prometheus") is None:
         raise SystemExit(
             "error: the demo needs Prometheus: install it with `sudo apt-get install prometheus` "
@@ -145,12 +144,12 @@ def demo_environment(
     workdir.mkdir(parents=True)
 
     fleet = Fleet(FleetConfig(nodes=nodes), load_scenario(scenario))
-    simulator = SimulatorServer(fleet, clock=ElapsedClock()).start()
+    simulator = SimulatorServer(fleet, clock=ElapsedClock(speed=speed)).start()
     sd_file = simulator.write_file_sd(workdir / "fleet-targets.json")
 
     emulator = KubernetesEmulator(auto_reschedule=True).start()
     emulator.load([namespace("healer-system"), *gpu_fleet(nodes)])
-    kubeconfig = write_kubeconfig(workdir / "kubeconfig", emulator.host)
+    kubeconfig = emulator.write_kubeconfig(workdir / "kubeconfig")
 
     provider_secret = secrets.token_hex(16)
     callback_secret = secrets.token_hex(16)
@@ -226,7 +225,15 @@ def demo_environment(
             technician = _Technician(fleet, simulator.clock, process.controller.session_factory)
             technician.start()
             try:
-                yield settings, process.controller.session_factory, dashboard
+                yield DemoEnvironment(
+                    settings=settings,
+                    sessions=process.controller.session_factory,
+                    dashboard=dashboard,
+                    fleet=fleet,
+                    emulator=emulator,
+                    receiver=receiver,
+                    prometheus_url=prometheus.url,
+                )
             finally:
                 technician.stop()
                 process.controller.stop()
@@ -283,10 +290,12 @@ def run_demo(
     port = port or free_port()
     with demo_environment(
         workdir=workdir, nodes=nodes, port=port, time_scale=time_scale, database_url=database_url
-    ) as (settings, sessions, dashboard):
+    ) as env:
+        settings, sessions, dashboard = env.settings, env.sessions, env.dashboard
         print(f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook")
         print(
-            f"rule hold times scaled by {time_scale} (a 5m `for` holds {300 * time_scale:.0f}s) for the demo"
+            f"rule hold times and range windows scaled by {time_scale} "
+            f"(a 5m `for` holds {300 * time_scale:.0f}s)"
         )
         print(f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)", flush=True)
         started = time.monotonic()

@@ -674,7 +674,7 @@ def remediate(
         fleet: node → pool of every node in the cluster, when known (sizes the budget's % and the
             breaker's %); otherwise the nodes healer has recorded.
         recovery_hold_seconds: how long a validating node must stay clear before it is handed
-            back, at least (a rule's longer ``keep_firing_for`` wins).
+            back, counted from when its last finding resolved (after the rule's ``keep_firing_for``).
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.

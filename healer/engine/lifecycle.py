@@ -340,8 +340,9 @@ def _human_took_over(facts: NodeFacts) -> bool:
 
 
 def _hold_seconds(facts: NodeFacts, ctx: Context) -> float:
-    rule = ctx.rule(facts.incident.rule if facts.incident else None)
-    return max(ctx.recovery_hold_seconds, rule.keep_firing_for if rule else 0.0)
+    # A rule's keep_firing_for already kept its finding firing after the condition cleared (the
+    # node is not "clear" before that); the recovery hold counts from there, not on top of it twice.
+    return ctx.recovery_hold_seconds
 
 
 # --- step builders --------------------------------------------------------------------------------

@@ -186,16 +186,23 @@ class Fleet:
 
     def repair(self, node: str, t: float) -> int:
         """The provider replaced the faulty part of ``node`` at ``t`` seconds: every fault of that
-        node that started by ``t`` is gone from then on (later ones still come). Values rendered
-        from ``t`` on are healthy; counters the fault raised start again from their baseline, as a
-        replaced GPU's or HCA's do. Returns how many faults were removed.
+        node that started by ``t`` is gone from then on, and so are later faults of the same GPU or
+        HCA (the part is new); other later faults still come. Values rendered from ``t`` on are
+        healthy; counters the fault raised start again from their baseline, as a replaced GPU's or
+        HCA's do. Returns how many faults were removed.
 
         Raises:
             KeyError: no such node.
         """
         index = self._by_name[node]
         old = self._nodes[index]
-        keep = tuple(f for f in old.model.faults if f.at > t)
+        started = [f for f in old.model.faults if f.at <= t]
+        parts = {(getattr(f, "gpu", None), getattr(f, "hca", None)) for f in started} - {(None, None)}
+        keep = tuple(
+            f
+            for f in old.model.faults
+            if f.at > t and (getattr(f, "gpu", None), getattr(f, "hca", None)) not in parts
+        )
         removed = len(old.model.faults) - len(keep)
         if removed:
             model = dataclasses.replace(old.model, faults=keep)

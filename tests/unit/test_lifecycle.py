@@ -294,7 +294,7 @@ CASES = [
         "validating, clear but hold not over → wait",
         facts(
             NodeState.VALIDATING,
-            incident=replace(HELD, clear_since=NOW - timedelta(seconds=599)),
+            incident=replace(HELD, clear_since=NOW - timedelta(seconds=299)),
             view=CORDONED,
         ),
         None,
@@ -302,10 +302,10 @@ CASES = [
         [],
     ),
     (
-        "validating, clear for the rule's keep_firing_for → healthy, released",
+        "validating, clear for the recovery hold → healthy, released",
         facts(
             NodeState.VALIDATING,
-            incident=replace(HELD, clear_since=NOW - timedelta(seconds=600)),
+            incident=replace(HELD, clear_since=NOW - timedelta(seconds=300)),
             view=CORDONED,
         ),
         "return to service",

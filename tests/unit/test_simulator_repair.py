@@ -11,6 +11,7 @@ SCENARIO = """
 faults:
   - {at: 10s, node: gpu-node-01, gpu: 3, fault: hot_gpu, target: 88, ramp: 10s}
   - {at: 20s, node: gpu-node-01, gpu: 2, fault: xid, code: 79}
+  - {at: 200s, node: gpu-node-01, gpu: 3, fault: thermal_slowdown, reasons: 0x48}
   - {at: 500s, node: gpu-node-01, gpu: 1, fault: hot_gpu, target: 90, ramp: 10s}
 """
 
@@ -30,11 +31,14 @@ def test_repair_clears_started_faults_and_keeps_later_ones() -> None:
     assert _gpu_values(fleet, "DCGM_FI_DEV_GPU_TEMP", 60)["3"] >= 85
     assert _gpu_values(fleet, "DCGM_FI_DEV_XID_ERRORS", 60)["2"] == 79
 
-    assert fleet.repair("gpu-node-01", 100) == 2
+    assert _gpu_values(fleet, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 300)["3"] == 0x48
+
+    assert fleet.repair("gpu-node-01", 100) == 3
 
     assert _gpu_values(fleet, "DCGM_FI_DEV_GPU_TEMP", 120)["3"] < 78
     assert _gpu_values(fleet, "DCGM_FI_DEV_XID_ERRORS", 120)["2"] == 0
-    # A fault scheduled after the repair still happens.
+    # The replaced GPU's later fault is gone with it; another GPU's later fault still happens.
+    assert _gpu_values(fleet, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 300)["3"] != 0x48
     assert _gpu_values(fleet, "DCGM_FI_DEV_GPU_TEMP", 600)["1"] >= 85
     # Other nodes are untouched, and repairing twice removes nothing more.
     assert fleet.repair("gpu-node-01", 100) == 0

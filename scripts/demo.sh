@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The demo on a fresh Debian/Ubuntu machine: install healer and what it needs, then run it.
+# Arguments go to `healer demo` (e.g. --duration 300 --headless).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v prometheus >/dev/null 2>&1; then
+  echo "healer demo: installing Prometheus from the distribution's package ..."
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  if ! command -v apt-get >/dev/null 2>&1 \
+     || ! { $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 \
+            || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }; }; then
+    echo "healer demo: could not install Prometheus; install it (Debian/Ubuntu: apt-get install prometheus)" \
+         "or put a prometheus binary on PATH, then run this again" >&2
+    exit 1
+  fi
+fi
+
+if [ ! -x .venv/bin/healer ]; then
+  echo "healer demo: creating .venv and installing healer ..."
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -e .
+fi
+exec .venv/bin/healer demo "$@"
