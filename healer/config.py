@@ -107,7 +107,12 @@ class SafetySettings(BaseModel):
     max_unhealthy: int = Field(
         2, ge=0, description="Nodes out of service at once per pool (in flight count)."
     )
-    max_unhealthy_percent: float = Field(10.0, ge=0, le=100, description="Same, as % of the pool.")
+    max_unhealthy_percent: float = Field(
+        10.0,
+        ge=0,
+        le=100,
+        description="Same, as % of the pool, rounded down (Cluster API): pools under 10 nodes need over 10%.",
+    )
     breaker_nodes: int = Field(
         5, ge=1, description="Trip when more nodes than this turn bad within the window."
     )

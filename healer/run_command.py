@@ -43,7 +43,14 @@ def run(
     def on_sighup(_signum: int, _frame: FrameType | None) -> None:
         process.controller.rules.reload(reason="SIGHUP")
 
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        # uvicorn handles SIGTERM/SIGINT while it serves, then re-raises them after its shutdown;
+        # this handler takes that re-raise so the controller's own shutdown below still runs.
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+
     signal.signal(signal.SIGHUP, on_sighup)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     process.controller.start()
     server = uvicorn.Server(
         uvicorn.Config(
