@@ -145,6 +145,9 @@ class Controller:
                     fleet=self._fleet(),
                     recovery_hold_seconds=self.settings.safety.recovery_hold_seconds,
                 )
+                for o in result.outcomes:
+                    if o.error:
+                        log.warning("node %s: step %s failed: %s", o.node, o.step or "-", o.error)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
                     log.info(
@@ -267,6 +270,9 @@ class Controller:
                 log.warning("could not release the lease: %s", exc)
             self._leader = False
         self.http.close()
+        bind = self.session_factory.kw.get("bind")
+        if bind is not None:
+            bind.dispose()
         log.info("controller stopped", extra={"identity": self.identity})
 
 

@@ -122,7 +122,7 @@ class Rule(_Strict):
     node_labels: tuple[str, ...] = Field(DEFAULT_NODE_LABELS, min_length=1)
     gpu_label: str = "gpu"
     unit: str | None = Field(
-        None, description="Unit of the expression's value, for evidence (e.g. 'degrees C')."
+        None, max_length=100, description="Unit of the expression's value, for evidence (e.g. 'degrees C')."
     )
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)

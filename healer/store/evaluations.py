@@ -187,12 +187,17 @@ def _refresh(f: FindingShape) -> dict[str, Any]:
     return {"value": _value(f.value), "summary": f.summary, "last_seen_at": f.last_true_at}
 
 
+def _clip(value: str | None, length: int) -> str | None:
+    """Label values come from exporters (any length); columns have limits PostgreSQL enforces."""
+    return value if value is None or len(value) <= length else value[: length - 1] + "…"
+
+
 def _row(f: FindingShape, now: datetime) -> dict[str, Any]:
     return {
         "rule": f.rule,
         "series_key": f.series_key,
-        "node_name": f.node,
-        "gpu": f.gpu,
+        "node_name": _clip(f.node, 253),
+        "gpu": _clip(f.gpu, 64),
         "state": str(f.state),
         "severity": f.severity,
         "value": _value(f.value),
@@ -224,13 +229,13 @@ def _record_gpus(
     for f in findings:
         uuid = f.labels.get(GPU_UUID)
         index = f.labels.get(GPU_INDEX, "")
-        if not uuid or not index.isdigit() or f.node not in nodes:
-            continue
+        if not uuid or len(uuid) > 64 or not index.isdigit() or f.node not in nodes:
+            continue  # not a GPU UUID (they are GPU-<36 hex and dashes>)
         seen[uuid] = {
             "node_id": nodes[f.node].id,
             "index": int(index),
-            "pci_bus_id": f.labels.get(GPU_PCI_BUS_ID) or None,
-            "model_name": f.labels.get(GPU_MODEL) or None,
+            "pci_bus_id": _clip(f.labels.get(GPU_PCI_BUS_ID) or None, 32),
+            "model_name": _clip(f.labels.get(GPU_MODEL) or None, 128),
             "last_seen": now,
         }
     if not seen:

@@ -156,7 +156,7 @@ class Finding(Base):
     state: Mapped[str] = mapped_column(String(16))
     severity: Mapped[str] = mapped_column(String(16), default="critical")
     value: Mapped[float | None] = mapped_column(Float)
-    unit: Mapped[str | None] = mapped_column(String(32))
+    unit: Mapped[str | None] = mapped_column(String(100))
     labels: Mapped[dict[str, Any]]
     summary: Mapped[str] = mapped_column(Text, default="")
     active_since: Mapped[datetime]

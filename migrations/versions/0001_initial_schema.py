@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 13:31:21.702517
+Create Date: 2026-11-29 14:31:14.769445
 """
 
 from collections.abc import Sequence
@@ -166,7 +166,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("severity", sa.String(length=16), nullable=False),
         sa.Column("value", sa.Float(), nullable=True),
-        sa.Column("unit", sa.String(length=32), nullable=True),
+        sa.Column("unit", sa.String(length=100), nullable=True),
         sa.Column("labels", sa.JSON(), nullable=False),
         sa.Column("summary", sa.Text(), nullable=False),
         sa.Column("active_since", healer.store.types.UTCDateTime(timezone=True), nullable=False),

@@ -77,7 +77,7 @@ class TestFleet:
 
     def test_unhealthy_table(self, client: httpx.Client) -> None:
         text = text_of(client.get("/"))
-        assert "gpu-node-07 h100 quarantined 55m 0s ago GpuTooHot 3 of 8 default: pending" in text
+        assert "gpu-node-07 h100 quarantined 55m 0s ago GpuTooHot 3 default: pending" in text
         assert "gpu-node-20" not in text  # healthy nodes are not listed
 
     @pytest.mark.parametrize(

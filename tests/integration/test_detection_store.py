@@ -186,3 +186,26 @@ def test_restart_resumes_the_for_timer(session_factory: sessionmaker[Session]) -
     after.tick(60, GpuTooHot=hot(80), GpuFatalXid=EMPTY)  # 60 s since T0: fires now, not at 120
     (row,) = rows(session_factory)
     assert (row.state, row.fired_at) == ("firing", T0 + timedelta(seconds=60))
+
+
+def test_long_label_values_and_units_are_recorded_on_both_databases(
+    session_factory: sessionmaker[Session],
+) -> None:
+    # Label values come from exporters and can be any length; PostgreSQL enforces column sizes.
+    wordy = Rule.model_validate(
+        {"name": "Wordy", "expr": "x > 0", "unit": "NVLink CRC and replay errors per 10 minutes, summed"}
+    )
+    rules = RuleSet(groups=(RuleGroup(name="gpu", rules=[wordy]),))
+    labels = {**GPU3, "gpu": "g" * 100, "pci_bus_id": "p" * 80, "modelName": "m" * 300}
+    ev = evaluate(
+        ruleset=rules,
+        results={"Wordy": QueryResult(samples=[Sample(labels, 1.0)])},
+        previous=EvaluationState(),
+        now=T0,
+    )
+    with transaction(session_factory) as s:
+        record_changes(s, ev.changes, now=T0)
+    (row,) = rows(session_factory)
+    assert row.unit == "NVLink CRC and replay errors per 10 minutes, summed"
+    assert row.labels["gpu"] == "g" * 100, "evidence keeps the full label"
+    assert row.gpu is not None and row.gpu.startswith("g" * 60) and len(row.gpu) <= 64
