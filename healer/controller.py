@@ -143,7 +143,6 @@ class Controller:
                     settings=self.settings,
                     now=now,
                     fleet=self._fleet(),
-                    recovery_hold_seconds=self.settings.safety.recovery_hold_seconds,
                 )
                 for o in result.outcomes:
                     if o.error:

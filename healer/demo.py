@@ -186,6 +186,7 @@ def demo_environment(
                     "max_unhealthy": 8,
                     "max_unhealthy_percent": 15,
                     "breaker_nodes": 10,
+                    "recovery_hold_seconds": 300 * time_scale,
                 },
                 tickets={
                     "cluster_name": "demo",

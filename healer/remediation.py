@@ -658,7 +658,7 @@ def remediate(
     now: datetime,
     actor: str = "healer",
     fleet: Mapping[str, str] | None = None,
-    recovery_hold_seconds: float = lc.DEFAULT_RECOVERY_HOLD_SECONDS,
+    recovery_hold_seconds: float | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to :data:`MAX_STEPS_PER_TICK` steps.
 
@@ -674,7 +674,8 @@ def remediate(
         fleet: node → pool of every node in the cluster, when known (sizes the budget's % and the
             breaker's %); otherwise the nodes healer has recorded.
         recovery_hold_seconds: how long a validating node must stay clear before it is handed
-            back, counted from when its last finding resolved (after the rule's ``keep_firing_for``).
+            back, counted from when its last finding resolved (after the rule's ``keep_firing_for``);
+            default ``settings.safety.recovery_hold_seconds``.
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
@@ -689,7 +690,9 @@ def remediate(
         settings=settings,
         now=now,
         actor=actor,
-        recovery_hold_seconds=recovery_hold_seconds,
+        recovery_hold_seconds=(
+            settings.safety.recovery_hold_seconds if recovery_hold_seconds is None else recovery_hold_seconds
+        ),
         findings=findings,
     )
     result = RemediationResult(at=now)
@@ -784,7 +787,7 @@ def advance_drains(
         settings=settings,
         now=now,
         actor=actor,
-        recovery_hold_seconds=lc.DEFAULT_RECOVERY_HOLD_SECONDS,
+        recovery_hold_seconds=settings.safety.recovery_hold_seconds,
         findings=None,
     )
     result = RemediationResult(at=now)

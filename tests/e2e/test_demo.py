@@ -21,7 +21,7 @@ from healer.demo import DemoEnvironment, demo_environment
 from healer.store.models import Node, Transition
 from tests.services import PostgresServer, free_port, wait_until
 
-pytestmark = [pytest.mark.prometheus, pytest.mark.postgres]
+pytestmark = [pytest.mark.prometheus, pytest.mark.postgres, pytest.mark.timeout(600)]
 
 #: The scenario's faulty nodes (healer/simulator/scenarios/demo.yaml) and what they suffer from.
 FAULTY = {
@@ -45,7 +45,7 @@ def demo(tmp_path: Path, postgres: PostgresServer) -> Iterator[DemoEnvironment]:
             port=free_port(),
             time_scale=0.05,
             speed=2.0,
-            resolve_after=30.0,
+            resolve_after=60.0,
             database_url=url,
         ) as env:
             yield env
