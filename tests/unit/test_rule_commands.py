@@ -109,7 +109,9 @@ def test_show_table_lists_each_rule_with_its_timing_and_actions(runner: CliRunne
     assert header.split() == ["GROUP", "RULE", "INTERVAL", "FOR", "KEEP", "SEVERITY", "ACTIONS", "EXPR"]
     hot = next(r for r in rows if " GpuTooHot " in r)
     assert re.match(
-        r"gpu-thermal +GpuTooHot +30s +5m +10m +critical +quarantine, drain\(timeout=1h\), ticket ", hot
+        r"gpu-thermal +GpuTooHot +30s +5m +10m +critical +"
+        r"quarantine, drain\(timeout=1h, delete_emptydir_data=True\), ticket ",
+        hot,
     )
     assert "DCGM_FI_DEV_GPU_TEMP" in hot
     silent = next(r for r in rows if " DcgmExporterSilent " in r)
@@ -135,7 +137,7 @@ def test_show_json_and_yaml_give_the_effective_rules(runner: CliRunner, fmt: str
             "kind": "drain",
             "timeout": "1h",
             "grace_period": -1,
-            "delete_emptydir_data": False,
+            "delete_emptydir_data": True,
             "ignore_daemonsets": True,
             "force": False,
             "delete_after_timeout": False,
