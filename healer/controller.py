@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -36,6 +36,7 @@ from healer.errors import HealerError
 from healer.metrics import HealerMetrics
 from healer.remediation import advance_drains, remediate
 from healer.rules_holder import RulesHolder
+from healer.ruleset.schema import RuleGroup
 from healer.sources.base import MetricsSource
 from healer.store import nodes as repo
 from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
@@ -53,6 +54,31 @@ class Leadership(Protocol):
     def still_leader(self, now: datetime) -> bool: ...
 
     def release(self, now: datetime | None = None) -> None: ...
+
+
+def due_groups(
+    groups: Sequence[RuleGroup],
+    last: Mapping[str, datetime],
+    now: datetime,
+    *,
+    default_interval: float,
+    tick_seconds: float,
+) -> set[str]:
+    """Names of the rule groups to evaluate at ``now``: never evaluated, or their ``interval``
+    (seconds; ``default_interval`` when unset) has passed since ``last[name]``. Half a tick of
+    slack keeps a group on its interval when ticks run a little early or late."""
+    due = set()
+    for group in groups:
+        interval = group.interval or default_interval
+        then = last.get(group.name)
+        if then is None or (now - then).total_seconds() >= interval - tick_seconds / 2:
+            due.add(group.name)
+    return due
+
+
+def tick_seconds(groups: Sequence[RuleGroup], default_interval: float) -> float:
+    """The tick period: the shortest group interval (seconds), so every group runs on time."""
+    return min((g.interval or default_interval for g in groups), default=default_interval)
 
 
 class AlwaysLeader:
@@ -85,6 +111,8 @@ class Controller:
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
+    _group_last: dict[str, datetime] = field(default_factory=dict)
+    _tick_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: BackgroundScheduler | None = None
 
@@ -119,6 +147,13 @@ class Controller:
         with self._lock:
             now = self.clock()
             ruleset = self.rules.ruleset
+            due = due_groups(
+                ruleset.groups,
+                self._group_last,
+                now,
+                default_interval=self.settings.scheduler.default_interval_seconds,
+                tick_seconds=self._tick_seconds,
+            )
             ok = True
             try:
                 detection = run_detection(
@@ -127,8 +162,10 @@ class Controller:
                     session_factory=self.session_factory,
                     state=self.state,
                     now=now,
+                    due_groups=due,
                 )
                 self.state = detection.state
+                self._group_last.update(dict.fromkeys(due, now))
                 for report in detection.reports:
                     self.metrics.set_rule_health(
                         report.rule, str(report.health), evaluated_at_unix=now.timestamp()
@@ -222,7 +259,13 @@ class Controller:
             session.execute(delete(CallbackNonce).where(CallbackNonce.received_at < now - skew))
 
     def reload_rules(self) -> None:
-        self.rules.reload_if_changed()
+        """Reload changed rule files; a new shortest group interval reschedules the tick."""
+        if not self.rules.reload_if_changed():
+            return
+        every = tick_seconds(self.rules.ruleset.groups, self.settings.scheduler.default_interval_seconds)
+        if every != self._tick_seconds and self._scheduler is not None:
+            self._tick_seconds = every
+            self._scheduler.reschedule_job("tick", trigger="interval", seconds=every)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -230,8 +273,9 @@ class Controller:
         """Take the Lease if free, then start the jobs in a background scheduler."""
         self.keep_lease()
         s = self.settings
-        intervals = [g.interval for g in self.rules.ruleset.groups if g.interval]
-        tick_every = min(intervals) if intervals else s.scheduler.default_interval_seconds
+        tick_every = self._tick_seconds = tick_seconds(
+            self.rules.ruleset.groups, s.scheduler.default_interval_seconds
+        )
         scheduler = BackgroundScheduler(timezone="UTC", job_defaults={"coalesce": True, "max_instances": 1})
         jobs: list[tuple[Callable[[], None], float]] = [
             (self.keep_lease, s.kubernetes.renew_interval_seconds),

@@ -15,6 +15,7 @@ and keep their state, like any rule whose query failed.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -67,6 +68,7 @@ def run_detection(
     state: EvaluationState,
     now: datetime,
     deadline: Deadline | None = None,
+    due_groups: Collection[str] | None = None,
 ) -> DetectionResult:
     """Query, evaluate and record one tick at ``now`` (aware UTC; also the queries' ``time=``).
 
@@ -78,6 +80,9 @@ def run_detection(
         state: the previous tick's ``DetectionResult.state`` (or :func:`initial_state`).
         now: the evaluation time.
 
+    ``due_groups``: names of the groups due this tick (their ``interval`` has passed); the other
+    groups' rules are not queried and keep their state. None = every group.
+
     Source failures never raise: they become unavailable/error reports and frozen rules.
     Database errors (SQLAlchemy) propagate: the tick owns that boundary.
     """
@@ -88,7 +93,10 @@ def run_detection(
     queries = 0
     # no_data rules are queried last: an exporter that dies mid-tick then shows up as "no data"
     # in the same tick as its fault series vanish, never as a clear (recovering) series alone.
-    rules = sorted(ruleset.rules, key=lambda r: r.kind == "no_data")
+    not_due = {
+        r.name for g in ruleset.groups if due_groups is not None and g.name not in due_groups for r in g.rules
+    }
+    rules = sorted((r for r in ruleset.rules if r.name not in not_due), key=lambda r: r.kind == "no_data")
     for rule in rules:
         if deadline.expired:
             break  # the rest are not queried: evaluate() reports them unavailable
@@ -99,7 +107,9 @@ def run_detection(
         except SourceError as exc:
             results[rule.name] = exc
         durations[rule.name] = time.perf_counter() - t0
-    evaluation = evaluate(ruleset=ruleset, results=results, previous=state, now=now, durations=durations)
+    evaluation = evaluate(
+        ruleset=ruleset, results=results, previous=state, now=now, durations=durations, not_due=not_due
+    )
     if session_factory is not None:
         with transaction(session_factory) as session:
             record_reports(session, evaluation.reports)

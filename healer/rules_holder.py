@@ -58,6 +58,7 @@ class RulesHolder:
         self._clock = clock
         self._transform = transform
         self._lock = threading.Lock()
+        self._requested = threading.Event()
         self._fingerprint = _fingerprint(self.paths)
         self._ruleset = transform(load_ruleset(self.paths))
         self._record(error=None)
@@ -84,8 +85,15 @@ class RulesHolder:
         self._record(error=None if result.ok else str(result.error))
         return result.ok
 
+    def request_reload(self) -> None:
+        """Ask for a reload at the next :meth:`reload_if_changed` (safe from a signal handler)."""
+        self._requested.set()
+
     def reload_if_changed(self) -> bool | None:
-        """Reload when a rule file changed since the last load; None when nothing changed."""
+        """Reload when asked to or when a rule file changed since the last load; None when neither."""
+        if self._requested.is_set():
+            self._requested.clear()
+            return self.reload(reason="SIGHUP")
         if _fingerprint(self.paths) == self._fingerprint:
             return None
         return self.reload(reason="file changed")

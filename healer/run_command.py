@@ -41,7 +41,7 @@ def run(
         raise typer.Exit(1) from exc
 
     def on_sighup(_signum: int, _frame: FrameType | None) -> None:
-        process.controller.rules.reload(reason="SIGHUP")
+        process.controller.rules.request_reload()  # the rules job (every 2 s) does it
 
     def on_stop(signum: int, _frame: FrameType | None) -> None:
         # uvicorn handles SIGTERM/SIGINT while it serves, then re-raises them after its shutdown;

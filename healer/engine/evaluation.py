@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -165,6 +165,7 @@ def evaluate(
     previous: EvaluationState,
     now: datetime,
     durations: Mapping[str, float] | None = None,
+    not_due: Collection[str] = (),
 ) -> Evaluation:
     """Advance every rule of ``ruleset`` by one tick at ``now``.
 
@@ -176,6 +177,8 @@ def evaluate(
         previous: the state the previous tick returned (empty at first start).
         now: the tick's evaluation time (aware UTC), the same ``time=`` the queries used.
         durations: rule name → seconds its query took (for the reports); missing = 0.
+        not_due: rules whose group is not due this tick (group ``interval``): not queried, their
+            state carried over unchanged (still in the findings), no report.
 
     Series of rules no longer in ``ruleset`` are closed (resolved or dropped) so their rows do not
     stay open forever.
@@ -198,6 +201,11 @@ def evaluate(
 
     for group, rule in pairs:
         prev = by_rule.pop(rule.name, {})
+        if rule.name in not_due:
+            state.update(prev)
+            if rule.kind == "no_data":
+                unknown.update(f.node for f in prev.values())
+            continue
         outcome = results.get(rule.name)
         duration = float(durations.get(rule.name, 0.0))
         report = _step_rule(
@@ -242,7 +250,7 @@ def evaluate(
         frozen_rules=frozenset(frozen),
         unresolved=unresolved,
     )
-    ordered_reports = [reports[r.name] for g in ruleset.groups for r in g.rules]
+    ordered_reports = [reports[r.name] for g in ruleset.groups for r in g.rules if r.name in reports]
     return Evaluation(
         state=EvaluationState(series=state), findings=findings, reports=ordered_reports, changes=changes
     )

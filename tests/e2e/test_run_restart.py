@@ -171,6 +171,15 @@ def test_sigterm_mid_drain_then_restart_finishes_without_duplicates(
                 wait_until(lambda: _state(sessions) == "awaiting_repair", timeout=90, what="drain finished")
                 wait_until(lambda: len(receiver.requests) >= 1, timeout=30, what="ticket delivered")
                 answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes/{BAD}", timeout=5).json()
+                # A broken rule file and SIGHUP: rejected and shown, the old rules keep running.
+                (rules / "thermal.yaml").write_text(RULES.replace("for: 2s", "for: soon"))
+                second.send_signal(signal.SIGHUP)
+                shown = wait_until(
+                    lambda: httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5).json()["rejected"],
+                    timeout=30,
+                    what="the rejected reload on the dashboard",
+                )
+                rules_now = httpx.get(f"http://127.0.0.1:{port}/api/v1/rules", timeout=5).json()
             finally:
                 second.send_signal(signal.SIGTERM)
                 second.wait(timeout=60)
@@ -181,6 +190,8 @@ def test_sigterm_mid_drain_then_restart_finishes_without_duplicates(
     assert cluster.eviction_count("ml/trainer-0") == 1
     assert cluster.eviction_count("ml/serve-0") == 1
     assert cluster.get("Pod", f"dcgm-{BAD}", "ml") is not None, "DaemonSet pods stay"
+    assert "thermal.yaml:" in shown[0]["error"] and "for" in shown[0]["error"]
+    assert [r["name"] for r in rules_now["rules"]] == ["GpuTooHot"]
     assert answer["node"]["state"] == "awaiting_repair"
     assert answer["node"]["ticket"] is not None
     assert len(receiver.requests) == 1

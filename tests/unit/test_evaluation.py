@@ -434,6 +434,29 @@ def test_removed_rule_closes_its_episodes() -> None:
     assert [f.rule for f in ev.state.series.values()] == ["A"]
 
 
+def test_rules_not_due_keep_their_state_and_stay_in_the_findings() -> None:
+    a, b = rule("A"), rule("B")
+    labels = {"Hostname": "n1"}
+    first = evaluate(
+        ruleset=ruleset(a, b),
+        results={"A": result((labels, 1.0)), "B": result((labels, 1.0))},
+        previous=EvaluationState(),
+        now=T0,
+    )
+    # B's group is not due: it is not queried, not reported, not frozen, and still firing.
+    ev = evaluate(
+        ruleset=ruleset(a, b),
+        results={"A": CLEAR},
+        previous=first.state,
+        now=T0 + timedelta(seconds=10),
+        not_due={"B"},
+    )
+    assert [r.rule for r in ev.reports] == ["A"]
+    assert ev.findings.frozen_rules == frozenset()
+    assert [f.rule for f in ev.findings.firing["n1"]] == ["B"]
+    assert [c.finding.rule for c in ev.changes if c.kind == C.RESOLVED] == ["A"]
+
+
 class TestSeriesKey:
     def test_sorted_labels_without_metric_name(self) -> None:
         assert series_key("R", {"b": "2", "a": "1", "__name__": "m"}) == 'R{a="1",b="2"}'
