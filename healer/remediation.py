@@ -47,6 +47,7 @@ from healer.engine.states import OUT_OF_SERVICE, ActionStatus, NodeState, Ticket
 from healer.errors import KubernetesError, KubernetesNotFound
 from healer.ruleset.schema import DrainAction, RuleSet
 from healer.store import nodes as repo
+from healer.store.evaluations import finding_from_row
 from healer.store.models import Action, Incident, Node, Ticket
 from healer.store.models import Finding as FindingRow
 
@@ -128,26 +129,6 @@ def _owned(view: NodeView | None, domain: str) -> bool:
     return view is not None and f"{domain}/cordoned-by" in view.annotations
 
 
-def _engine_finding(row: FindingRow) -> Finding:
-    from healer.engine.states import FindingState
-
-    return Finding(
-        rule=row.rule,
-        series_key=row.series_key,
-        node=row.node_name,
-        gpu=row.gpu,
-        state=FindingState(row.state),
-        severity=row.severity,
-        value=row.value,
-        unit=row.unit,
-        labels={str(k): str(v) for k, v in (row.labels or {}).items()},
-        summary=row.summary,
-        active_since=row.active_since,
-        fired_at=row.fired_at,
-        resolved_at=row.resolved_at,
-    )
-
-
 def _recorded_findings(session: Session, node: Node, incident: Incident) -> list[Finding]:
     """The incident's findings as detection recorded them (for a ticket requested outside a tick)."""
     rows = session.scalars(
@@ -156,7 +137,7 @@ def _recorded_findings(session: Session, node: Node, incident: Incident) -> list
             | ((FindingRow.node_name == node.name) & FindingRow.resolved_at.is_(None))
         )
     ).all()
-    return [_engine_finding(r) for r in rows if r.fired_at is not None]
+    return [finding_from_row(r) for r in rows if r.fired_at is not None]
 
 
 # --- the executor ---------------------------------------------------------------------------------

@@ -111,24 +111,27 @@ def load_state(session: Session) -> EvaluationState:
     rows = session.scalars(
         select(Finding).where(Finding.state.in_(OPEN_STATES)).order_by(Finding.active_since, Finding.id)
     )
-    series: dict[str, FindingShape] = {}
-    for row in rows:
-        series[row.series_key] = FindingShape(
-            rule=row.rule,
-            series_key=row.series_key,
-            node=row.node_name,
-            gpu=row.gpu,
-            state=FindingState(row.state),
-            severity=row.severity,
-            value=row.value,
-            unit=row.unit,
-            labels={str(k): str(v) for k, v in (row.labels or {}).items()},
-            summary=row.summary,
-            active_since=row.active_since,
-            fired_at=row.fired_at,
-            last_true_at=row.last_seen_at,
-        )
-    return EvaluationState(series=series)
+    return EvaluationState(series={row.series_key: finding_from_row(row) for row in rows})
+
+
+def finding_from_row(row: Finding) -> FindingShape:
+    """The engine's :class:`~healer.engine.findings.Finding` for a ``findings`` row."""
+    return FindingShape(
+        rule=row.rule,
+        series_key=row.series_key,
+        node=row.node_name,
+        gpu=row.gpu,
+        state=FindingState(row.state),
+        severity=row.severity,
+        value=row.value,
+        unit=row.unit,
+        labels={str(k): str(v) for k, v in (row.labels or {}).items()},
+        summary=row.summary,
+        active_since=row.active_since,
+        fired_at=row.fired_at,
+        last_true_at=row.last_seen_at,
+        resolved_at=row.resolved_at,
+    )
 
 
 def open_findings(session: Session, *, node: str | None = None) -> list[Finding]:
