@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,7 +22,13 @@ from pydantic_settings import (
 from healer.errors import ConfigError
 
 
-class PrometheusSettings(BaseModel):
+class _Group(BaseModel):
+    """A settings group: a misspelled key is an error, never a silently ignored default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class PrometheusSettings(_Group):
     """Where healer reads metrics."""
 
     url: str = Field("http://127.0.0.1:9090", description="Prometheus (or Thanos/Mimir) base URL.")
@@ -34,7 +40,7 @@ class PrometheusSettings(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. tenant).")
 
 
-class KubernetesSettings(BaseModel):
+class KubernetesSettings(_Group):
     """How healer talks to the cluster and marks what it did."""
 
     kubeconfig: Path | None = Field(
@@ -62,7 +68,7 @@ class KubernetesSettings(BaseModel):
         return self
 
 
-class DatabaseSettings(BaseModel):
+class DatabaseSettings(_Group):
     """Where healer records findings, transitions, actions and tickets."""
 
     url: str = Field(
@@ -78,7 +84,7 @@ class DatabaseSettings(BaseModel):
         return value
 
 
-class SchedulerSettings(BaseModel):
+class SchedulerSettings(_Group):
     """How often the background jobs run."""
 
     default_interval_seconds: float = Field(30.0, gt=0, description="Tick interval for groups without one.")
@@ -87,7 +93,7 @@ class SchedulerSettings(BaseModel):
     retention_days: int = Field(90, ge=1, description="Evaluations and closed incidents older are pruned.")
 
 
-class MaintenanceWindow(BaseModel):
+class MaintenanceWindow(_Group):
     """A recurring window (UTC) during which a pool is not remediated."""
 
     pool: str = Field("*", description="Pool name, or '*' for every pool.")
@@ -98,7 +104,7 @@ class MaintenanceWindow(BaseModel):
     end: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC; may be before start (overnight).")
 
 
-class SafetySettings(BaseModel):
+class SafetySettings(_Group):
     """The limits that keep healer from making things worse."""
 
     dry_run: bool = Field(
@@ -127,7 +133,7 @@ class SafetySettings(BaseModel):
     )
 
 
-class ProviderSettings(BaseModel):
+class ProviderSettings(_Group):
     """One provider support intake (webhook)."""
 
     name: str
@@ -141,7 +147,7 @@ class ProviderSettings(BaseModel):
     escalation_provider: str | None = None
 
 
-class TicketSettings(BaseModel):
+class TicketSettings(_Group):
     """Provider tickets."""
 
     cluster_name: str = "local"
@@ -168,7 +174,7 @@ class TicketSettings(BaseModel):
         return value
 
 
-class ApiToken(BaseModel):
+class ApiToken(_Group):
     """A bearer token and the role it grants. Give the token through the environment, not a file in git."""
 
     token: str = Field(..., min_length=16)
@@ -176,7 +182,7 @@ class ApiToken(BaseModel):
     role: Literal["viewer", "operator"] = "viewer"
 
 
-class ApiSettings(BaseModel):
+class ApiSettings(_Group):
     """The dashboard and JSON API."""
 
     host: str = "127.0.0.1"

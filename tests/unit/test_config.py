@@ -1,0 +1,56 @@
+"""Settings: defaults that work locally, YAML file, HEALER_ environment, errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from healer.config import load_settings
+from healer.errors import ConfigError
+
+
+def test_defaults_give_a_working_local_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in __import__("os").environ if k.startswith("HEALER_")]:
+        monkeypatch.delenv(key)
+    s = load_settings()
+    assert s.database.url.startswith("sqlite:///")
+    assert s.safety.dry_run is True, "a new install records, it does not act"
+    assert s.rules_paths == [Path("rules")]
+
+
+def test_file_then_environment_then_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "healer.yaml"
+    config.write_text("safety: {max_unhealthy: 3, dry_run: false}\nprometheus: {url: http://prom:9090}\n")
+    monkeypatch.setenv("HEALER_SAFETY__MAX_UNHEALTHY", "5")
+    s = load_settings(config)
+    assert (s.safety.max_unhealthy, s.safety.dry_run, s.prometheus.url) == (5, False, "http://prom:9090")
+    assert load_settings(config, safety={"max_unhealthy": 7}).safety.max_unhealthy == 7
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("safety: {max_unhealty: 3}\n", "safety.max_unhealty: Extra inputs are not permitted"),
+        ("tickets: {provders: []}\n", "tickets.provders: Extra inputs are not permitted"),
+        ("safty: {}\n", "safty: Extra inputs are not permitted"),
+        ("safety: {max_unhealthy: -1}\n", "safety.max_unhealthy: Input should be greater than or equal to 0"),
+        ("database: {url: 'mysql://x'}\n", "database.url: Value error, only sqlite:// and postgresql"),
+        (
+            "kubernetes: {lease_duration_seconds: 10, renew_interval_seconds: 10}\n",
+            "renew_interval_seconds must be shorter than lease_duration_seconds",
+        ),
+    ],
+)
+def test_bad_settings_name_the_file_and_field(tmp_path: Path, text: str, problem: str) -> None:
+    config = tmp_path / "healer.yaml"
+    config.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_settings(config)
+    assert str(err.value).startswith(f"{config}: ")
+    assert problem in str(err.value)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_settings(tmp_path / "nope.yaml")
