@@ -113,6 +113,7 @@ class Controller:
     _leader: bool = False
     _group_last: dict[str, datetime] = field(default_factory=dict)
     _tick_seconds: float = 0.0
+    _why_not: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: BackgroundScheduler | None = None
 
@@ -130,6 +131,11 @@ class Controller:
         except HealerError as exc:
             log.error("lease renewal failed: %s", exc)
             won = False
+        why_not = "" if won else getattr(self.leadership, "why_not", "") or "not the leader"
+        if why_not and why_not != self._why_not:
+            # Said once per change: a standby is normal, an unreachable API server is not.
+            log.warning("standing by, not acting: %s", why_not)
+        self._why_not = why_not
         if won and not self._leader:
             log.info("became leader", extra={"identity": self.identity})
             with self._lock:
@@ -296,10 +302,23 @@ class Controller:
             )
         scheduler.start()
         self._scheduler = scheduler
+        ruleset = self.rules.ruleset
         log.info(
-            "controller started",
+            "controller started: %d rules in %d groups, Prometheus %s, %s",
+            len(ruleset.rules),
+            len(ruleset.groups),
+            s.prometheus.url,
+            "DRY-RUN (records what it would do, changes nothing)" if s.safety.dry_run else "acting",
             extra={"identity": self.identity, "tick_seconds": tick_every, "dry_run": s.safety.dry_run},
         )
+        configured = {p.name for p in s.tickets.providers}
+        wanted = {a.provider for r in ruleset.rules for a in r.actions if a.kind == "ticket"}
+        for name in sorted(wanted - configured):
+            log.error(
+                "rules ask for ticket provider %r, which is not configured (tickets.providers): "
+                "its tickets will be recorded but never delivered",
+                name,
+            )
 
     def stop(self) -> None:
         """Graceful shutdown: let the running job finish its step, then hand the Lease over."""

@@ -29,5 +29,7 @@ def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # Library chatter that is not about healer's work.
-    for noisy in ("apscheduler", "urllib3", "httpx", "kubernetes.client.rest", "uvicorn.access"):
+    for noisy in ("apscheduler", "httpx", "kubernetes.client.rest", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Connection retries are reported by healer itself (e.g. "standing by, not acting: ...").
+    logging.getLogger("urllib3").setLevel(logging.ERROR)

@@ -59,6 +59,8 @@ class LeaderElector:
         self._timeout = settings.request_timeout_seconds
         self._leader = False
         self._renewed_at: datetime | None = None
+        #: Why this replica does not lead now ("held by X", "Lease API error: ..."); "" when it does.
+        self.why_not = ""
 
     @property
     def is_leader(self) -> bool:
@@ -74,6 +76,7 @@ class LeaderElector:
         )
 
     def _lose(self, why: str) -> bool:
+        self.why_not = why
         if self._leader:
             log.warning("lease %s/%s: %s lost leadership: %s", self.namespace, self.name, self.identity, why)
         self._leader = False
@@ -84,6 +87,7 @@ class LeaderElector:
             log.info("lease %s/%s: %s is the leader", self.namespace, self.name, self.identity)
         self._leader = True
         self._renewed_at = now
+        self.why_not = ""
         return True
 
     def try_acquire_or_renew(self, now: datetime) -> bool:
