@@ -14,11 +14,11 @@ story fits in a few minutes. The demo says so when it starts.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import secrets
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,13 +37,11 @@ from healer.ruleset.schema import RuleSet
 from healer.simulator.fleet import Fleet, FleetConfig
 from healer.simulator.scenario import load_scenario
 from healer.simulator.server import ElapsedClock, SimulatorServer
-from healer.store.models import Node, Ticket
+from healer.store.models import Node, Ticket, Transition
 from healer.testing.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
 from healer.testing.prometheus import free_port, prometheus_server, wait_until
 from healer.tickets.receiver import Receiver
 from healer.wiring import build_process
-
-log = logging.getLogger("healer.demo")
 
 DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
 
@@ -92,11 +90,15 @@ class DemoSummary:
     states: dict[str, int]
     tickets: dict[str, int]
     dashboard: str
+    returned: int = 0  # nodes healer put back into service after repair and validation
 
     def line(self) -> str:
         states = ", ".join(f"{k}={v}" for k, v in sorted(self.states.items()) if k != NodeState.HEALTHY)
         tickets = ", ".join(f"{k}={v}" for k, v in sorted(self.tickets.items()))
-        return f"nodes: {states or 'all healthy'} | tickets: {tickets or 'none'}"
+        return (
+            f"nodes: {states or 'all healthy'} | tickets: {tickets or 'none'} | "
+            f"returned to service: {self.returned}"
+        )
 
 
 @dataclass
@@ -118,7 +120,12 @@ def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: st
         tickets = dict(
             session.execute(select(Ticket.status, func.count()).group_by(Ticket.status)).tuples().all()
         )
-    return DemoSummary(states=states, tickets=tickets, dashboard=dashboard)
+        returned = session.scalar(
+            select(func.count(func.distinct(Transition.node_id))).where(
+                Transition.from_state == NodeState.VALIDATING, Transition.to_state == NodeState.HEALTHY
+            )
+        )
+    return DemoSummary(states=states, tickets=tickets, dashboard=dashboard, returned=returned or 0)
 
 
 @contextlib.contextmanager
@@ -268,8 +275,8 @@ class _Technician(threading.Thread):
                 if ticket_id not in self.repaired:
                     self.repaired.add(ticket_id)
                     if self.fleet.repair(node, self.clock()):
-                        log.warning(
-                            "demo: the provider replaced the faulty part of %s (ticket %d)", node, ticket_id
+                        print(
+                            f"  provider: replaced the faulty part of {node} (ticket {ticket_id})", flush=True
                         )
 
     def stop(self) -> None:
@@ -289,6 +296,13 @@ def run_demo(
 ) -> DemoSummary:
     """Run the demo until ``duration`` seconds have passed (None: until Ctrl-C); print progress."""
     port = port or free_port()
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            raise SystemExit(
+                f"error: port {port} is in use; pass --port N (or --port 0 for any free port)"
+            ) from None
     with demo_environment(
         workdir=workdir, nodes=nodes, port=port, time_scale=time_scale, database_url=database_url
     ) as env:

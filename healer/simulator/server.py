@@ -20,6 +20,7 @@ renders the fleet at that instant, so a test drives the whole fleet with a :clas
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,12 @@ class _HTTPServer(ThreadingHTTPServer):
     fleet: Fleet
     clock: Clock
     advertise: str
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper that hangs up mid-answer (Prometheus stopping, a scrape timeout) is normal.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
