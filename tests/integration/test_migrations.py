@@ -47,3 +47,20 @@ def test_timestamps_come_back_aware_utc(session_factory: sessionmaker[Session]) 
         node = s.query(Node).one()
         assert node.state_since == when
         assert node.state_since.tzinfo is not None
+
+
+def test_cli_db_upgrade_creates_the_schema(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from healer.cli import app
+    from healer.store.session import make_engine
+
+    monkeypatch.setenv("HEALER_DATABASE__URL", db_url)
+    result = CliRunner().invoke(app, ["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    assert "database at revision head" in result.output
+    engine = make_engine(db_url)
+    try:
+        assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()

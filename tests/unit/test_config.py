@@ -52,5 +52,5 @@ def test_bad_settings_name_the_file_and_field(tmp_path: Path, text: str, problem
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
         load_settings(tmp_path / "nope.yaml")
