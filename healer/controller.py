@@ -34,7 +34,7 @@ from healer.detection import initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError
 from healer.metrics import HealerMetrics
-from healer.remediation import advance_drains, remediate
+from healer.remediation import RemediationResult, advance_drains, remediate
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleGroup
 from healer.sources.base import MetricsSource
@@ -187,9 +187,7 @@ class Controller:
                     now=now,
                     fleet=self._fleet(),
                 )
-                for o in result.outcomes:
-                    if o.error:
-                        log.warning("node %s: step %s failed: %s", o.node, o.step or "-", o.error)
+                self._count(result)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
                     log.info(
@@ -218,6 +216,16 @@ class Controller:
                         by=self.identity,
                     )
 
+    def _count(self, result: RemediationResult) -> None:
+        """Count each node step by kind and result for /metrics; log the failed ones."""
+        for o in result.outcomes:
+            if not o.step:
+                continue
+            outcome = "refused" if o.refused else "failed" if o.error else "succeeded"
+            self.metrics.count_action(o.step, outcome)
+            if o.error:
+                log.warning("node %s: step %s failed: %s", o.node, o.step, o.error)
+
     def _fleet(self) -> dict[str, str] | None:
         """The cluster's nodes and pools, or None when they cannot be listed now (logged)."""
         try:
@@ -231,13 +239,14 @@ class Controller:
         if not self.is_leader:
             return
         with self._lock:
-            advance_drains(
+            result = advance_drains(
                 rules=self.rules.ruleset,
                 actions=self.actions,
                 session_factory=self.session_factory,
                 settings=self.settings,
                 now=self.clock(),
             )
+            self._count(result)
 
     def outbox(self) -> None:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""

@@ -171,6 +171,7 @@ def test_sigterm_mid_drain_then_restart_finishes_without_duplicates(
                 wait_until(lambda: _state(sessions) == "awaiting_repair", timeout=90, what="drain finished")
                 wait_until(lambda: len(receiver.requests) >= 1, timeout=30, what="ticket delivered")
                 answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/nodes/{BAD}", timeout=5).json()
+                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
                 # A broken rule file and SIGHUP: rejected and shown, the old rules keep running.
                 (rules / "thermal.yaml").write_text(RULES.replace("for: 2s", "for: soon"))
                 second.send_signal(signal.SIGHUP)
@@ -193,6 +194,7 @@ def test_sigterm_mid_drain_then_restart_finishes_without_duplicates(
     assert "thermal.yaml:" in shown[0]["error"] and "for" in shown[0]["error"]
     assert [r["name"] for r in rules_now["rules"]] == ["GpuTooHot"]
     assert answer["node"]["state"] == "awaiting_repair"
+    assert 'healer_actions_total{kind="drained",result="succeeded"} 1.0' in metrics
     assert answer["node"]["ticket"] is not None
     assert len(receiver.requests) == 1
     with sessions() as s:
