@@ -196,8 +196,7 @@ class Controller:
                         extra={"nodes": {o.node: f"{o.from_state}->{o.to_state}" for o in changed}},
                     )
             except Exception:
-                ok = False
-                log.exception("tick failed")
+                ok = False  # recorded below; the job wrapper logs the traceback once
                 raise
             finally:
                 duration = (self.clock() - now).total_seconds()
