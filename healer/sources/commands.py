@@ -120,6 +120,8 @@ def as_table(result: DetectionResult) -> str:
         rows = [["NODE", "GPU", "RULE", "STATE", "VALUE", "SINCE"]]
         rows += [[f.node, f.gpu or "-", f.rule, str(f.state), _value(f), _since(f, now)] for f in findings]
         out += ["", _columns(rows)]
+    elif result.source_unavailable:
+        out += ["", "no findings known: the metrics source could not be queried (see the errors below)"]
     else:
         out += ["", "no findings"]
     if result.findings.unknown:

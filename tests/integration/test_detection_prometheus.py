@@ -569,3 +569,5 @@ def test_cli_exit_status_when_prometheus_is_unavailable(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "unavailable" in done.stdout and "Connection refused" in done.stdout
+    assert "no findings known: the metrics source could not be queried" in done.stdout
+    assert "\nno findings\n" not in done.stdout
