@@ -55,6 +55,9 @@ class Leadership(Protocol):
 
     def release(self, now: datetime | None = None) -> None: ...
 
+    #: Why this replica does not lead now ("held by X", "Lease API error: ..."), "" when it does.
+    why_not: str
+
 
 def due_groups(
     groups: Sequence[RuleGroup],
@@ -79,19 +82,6 @@ def due_groups(
 def tick_seconds(groups: Sequence[RuleGroup], default_interval: float) -> float:
     """The tick period: the shortest group interval (seconds), so every group runs on time."""
     return min((g.interval or default_interval for g in groups), default=default_interval)
-
-
-class AlwaysLeader:
-    """Leadership for a single replica with no Lease (local runs without a cluster)."""
-
-    def try_acquire_or_renew(self, now: datetime) -> bool:
-        return True
-
-    def still_leader(self, now: datetime) -> bool:
-        return True
-
-    def release(self, now: datetime | None = None) -> None:
-        return None
 
 
 @dataclass
@@ -131,7 +121,7 @@ class Controller:
         except HealerError as exc:
             log.error("lease renewal failed: %s", exc)
             won = False
-        why_not = "" if won else getattr(self.leadership, "why_not", "") or "not the leader"
+        why_not = "" if won else self.leadership.why_not or "not the leader"
         if why_not and why_not != self._why_not:
             # Said once per change: a standby is normal, an unreachable API server is not.
             log.warning("standing by, not acting: %s", why_not)

@@ -70,18 +70,18 @@ class RulesHolder:
 
     def reload(self, *, reason: str = "reload") -> bool:
         """Load the files again; True when the new set is in force, False when it was rejected."""
-        with self._lock:
-            self._fingerprint = _fingerprint(self.paths)
-            result = reload_ruleset(self.paths, self._ruleset)
-            if result.ok:
+        # Validation (promtool included) runs outside the lock: a tick reading the rule set
+        # meanwhile gets the current one instead of waiting.
+        self._fingerprint = _fingerprint(self.paths)
+        result = reload_ruleset(self.paths, self.ruleset)
+        if result.ok:
+            with self._lock:
                 self._ruleset = self._transform(result.ruleset)
-                log.info("rules reloaded (%s): %d rules", reason, len(self._ruleset.rules))
-            else:
-                log.error(
-                    "rules reload rejected (%s); the previous rule set keeps running: %s",
-                    reason,
-                    result.error,
-                )
+            log.info("rules reloaded (%s): %d rules", reason, len(result.ruleset.rules))
+        else:
+            log.error(
+                "rules reload rejected (%s); the previous rule set keeps running: %s", reason, result.error
+            )
         self._record(error=None if result.ok else str(result.error))
         return result.ok
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from healer.errors import ConfigError
 
 
 def test_defaults_give_a_working_local_setup(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in [k for k in __import__("os").environ if k.startswith("HEALER_")]:
+    for key in [k for k in os.environ if k.startswith("HEALER_")]:
         monkeypatch.delenv(key)
     s = load_settings()
     assert s.database.url.startswith("sqlite:///")
