@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# healer: the controller, the fleet simulator and the stand-in provider receiver, one image.
+# healer: the controller, plus the fleet simulator and the stand-in provider receiver (healer_dev), one image.
 #   docker build -t healer:0.1.0 .
 #   docker run --rm -p 8080:8080 healer:0.1.0            # `healer run`, dry-run, SQLite in /var/lib/healer
 #   docker run --rm healer:0.1.0 db upgrade              # any other sub-command
@@ -17,6 +17,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY healer ./healer
 COPY api ./api
+# Dev tooling (fleet simulator, stand-in provider) for docker-compose.yml; healer never imports it.
+COPY healer_dev ./healer_dev
 RUN /opt/healer/bin/pip install .
 # healer.store.migrate finds migrations/ beside the installed `healer` package (site-packages).
 COPY migrations ./migrations

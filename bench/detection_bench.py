@@ -40,7 +40,7 @@ from healer.ruleset.loading import load_ruleset, to_prometheus_rules
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
-from healer.testing.prometheus import free_port, wait_until
+from healer_dev.prometheus import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "healer-default-rules"

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import httpx
 
-from healer.simulator import Fleet, FleetConfig, load_scenario
-from healer.testing.prometheus import free_port, wait_until
+from healer_dev.prometheus import free_port, wait_until
+from healer_dev.simulator import Fleet, FleetConfig, load_scenario
 
 
 def rss_mib() -> float:

@@ -60,7 +60,7 @@ def _register() -> None:
     from healer.ruleset import commands as rule_commands
 
     app.add_typer(rule_commands.app, name="rules")
-    from healer.simulator import commands as simulator_commands
+    from healer_dev.simulator import commands as simulator_commands
 
     simulator_commands.register(app)
 
@@ -74,7 +74,7 @@ def _register() -> None:
     from healer.run_command import run
 
     app.command("run")(run)
-    from healer.demo import demo_command
+    from healer_dev.demo import demo_command
 
     app.command("demo")(demo_command)
     from api.commands import serve

@@ -1,4 +1,4 @@
-"""Fixtures around :mod:`healer.testing.k8s_emulator` (a real HTTP server on loopback).
+"""Fixtures around :mod:`healer_dev.k8s_emulator` (a real HTTP server on loopback).
 
 Import the fixtures into a test module (``from tests.k8s_emulator import emulator, k8s_api``).
 """
@@ -11,7 +11,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from healer.config import KubernetesSettings
-from healer.testing.k8s_emulator import KubernetesEmulator
+from healer_dev.k8s_emulator import KubernetesEmulator
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from healer.testing.prometheus import (
+from healer_dev.prometheus import (
     PrometheusServer,
     ScrapeTarget,
     free_port,

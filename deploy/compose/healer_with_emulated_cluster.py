@@ -1,7 +1,7 @@
 """``healer run`` against an emulated Kubernetes API, for docker-compose.yml only.
 
 Compose has no Kubernetes, and ``healer run`` needs an API server (node actions, the leader Lease).
-This starts healer's Kubernetes API emulator (``healer.testing.k8s_emulator``, the one the demo and
+This starts healer's Kubernetes API emulator (``healer_dev.k8s_emulator``, the one the demo and
 the tests use) inside the healer container, on loopback, holding the same GPU nodes the fleet
 simulator serves metrics for (with realistic pods and a PodDisruptionBudget), writes a kubeconfig
 for it, and runs ``healer run`` in this process. Nothing here can reach a real cluster.
@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from healer.cli import app
-from healer.testing.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
+from healer_dev.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
 
 
 def main(argv: list[str]) -> None:

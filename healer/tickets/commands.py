@@ -20,7 +20,6 @@ from healer.operations import OperationError
 from healer.store.session import make_engine, make_sessionmaker, transaction
 from healer.tickets import service, signing
 from healer.tickets.delivery import deliver_due
-from healer.tickets.receiver import Receiver
 
 app = typer.Typer(no_args_is_help=True, help="Provider tickets.")
 
@@ -190,6 +189,8 @@ def provider_receiver(
     max_skew_seconds: Annotated[float, typer.Option(help="Refuse webhooks signed further from now.")] = 300.0,
 ) -> None:
     """Run a stand-in provider: receives signed webhooks, can fail first, calls back signed statuses."""
+    from healer_dev.provider import Receiver
+
     logging.basicConfig(level=os.environ.get("HEALER_LOG_LEVEL", "INFO"), format="%(asctime)s %(message)s")
     receiver = Receiver(
         host=host,

@@ -17,13 +17,13 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from healer.demo import DemoEnvironment, demo_environment
 from healer.store.models import Node, Transition
+from healer_dev.demo import DemoEnvironment, demo_environment
 from tests.services import PostgresServer, free_port, wait_until
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.postgres, pytest.mark.timeout(600)]
 
-#: The scenario's faulty nodes (healer/simulator/scenarios/demo.yaml) and what they suffer from.
+#: The scenario's faulty nodes (healer_dev/simulator/scenarios/demo.yaml) and what they suffer from.
 FAULTY = {
     "gpu-node-07": "hot GPU 3",
     "gpu-node-12": "Xid 79, GPU 5 fell off the bus",

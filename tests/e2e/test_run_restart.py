@@ -21,13 +21,13 @@ import yaml
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.simulator.fleet import Fleet, FleetConfig
-from healer.simulator.scenario import parse_scenario
-from healer.simulator.server import ElapsedClock, SimulatorServer
 from healer.store.models import Action, Node, Ticket, Transition
 from healer.store.session import make_engine, make_sessionmaker
-from healer.testing.k8s_emulator import KubernetesEmulator, namespace, node, pod, pod_disruption_budget
-from healer.tickets.receiver import Receiver
+from healer_dev.k8s_emulator import KubernetesEmulator, namespace, node, pod, pod_disruption_budget
+from healer_dev.provider import Receiver
+from healer_dev.simulator.fleet import Fleet, FleetConfig
+from healer_dev.simulator.scenario import parse_scenario
+from healer_dev.simulator.server import ElapsedClock, SimulatorServer
 from tests.services import free_port, prometheus_server, wait_until
 
 pytestmark = pytest.mark.prometheus

@@ -32,8 +32,8 @@ import yaml
 import healer
 from healer import cli as healer_cli
 from healer.config import Settings, load_settings
-from healer.simulator.scenario import load_scenario
 from healer.store import migrate
+from healer_dev.simulator.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

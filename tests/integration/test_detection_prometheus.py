@@ -37,10 +37,10 @@ from healer.engine.findings import Finding
 from healer.engine.states import RuleHealth
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import RuleGroup, RuleSet
-from healer.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
+from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
 from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
 
 pytestmark = pytest.mark.prometheus

@@ -29,7 +29,7 @@ from healer.errors import ConfigError, KubernetesError, KubernetesNotFound
 from healer.store.models import Action
 from healer.store.nodes import ensure_incident, get_or_create_node
 from healer.store.session import transaction
-from healer.testing.k8s_emulator import (
+from healer_dev.k8s_emulator import (
     KubernetesEmulator,
     gpu_fleet,
     namespace,

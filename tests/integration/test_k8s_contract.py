@@ -1,6 +1,6 @@
 """Contract tests: the Kubernetes API behaviours healer relies on.
 
-By default they run against the emulator (``healer.testing.k8s_emulator``), which is what makes
+By default they run against the emulator (``healer_dev.k8s_emulator``), which is what makes
 the emulator trustworthy. With ``HEALER_TEST_KUBECONFIG`` set (and optionally
 ``HEALER_TEST_CONTEXT``) they run against that real cluster instead: they create their own
 namespace and objects there and delete them afterwards. Tests that change a Node (cordon, taints,
@@ -27,7 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from healer.testing.k8s_emulator import KubernetesEmulator, node
+from healer_dev.k8s_emulator import KubernetesEmulator, node
 
 pytestmark = pytest.mark.k8s_contract
 

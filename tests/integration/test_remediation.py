@@ -24,7 +24,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Action, Incident, Node, Ticket, Transition
 from healer.store.session import transaction
-from healer.testing.k8s_emulator import KubernetesEmulator, node, pod, pod_disruption_budget
+from healer_dev.k8s_emulator import KubernetesEmulator, node, pod, pod_disruption_budget
 from tests.k8s_emulator import emulator, k8s_api, k8s_settings
 
 __all__ = ["emulator", "k8s_api", "k8s_settings"]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from healer.simulator import Fleet, FleetConfig, LabelStyle, ManualClock, SimulatorServer, parse_scenario
+from healer_dev.simulator import Fleet, FleetConfig, LabelStyle, ManualClock, SimulatorServer, parse_scenario
 from tests.services import PrometheusServer, free_port, prometheus_server, wait_until
 
 pytestmark = pytest.mark.prometheus

@@ -29,7 +29,7 @@ from healer.operations import OperationError
 from healer.store.models import Action, CallbackNonce, Node, OutboxMessage, Ticket, Transition
 from healer.tickets import service, signing
 from healer.tickets.delivery import deliver_due
-from healer.tickets.receiver import Receiver
+from healer_dev.provider import Receiver
 from tests.integration.test_ticket_delivery import NOW, new_ticket
 from tests.services import free_port, wait_until
 

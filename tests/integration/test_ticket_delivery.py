@@ -27,7 +27,7 @@ from healer.store.session import make_engine, make_sessionmaker
 from healer.tickets import delivery, service
 from healer.tickets.delivery import DeliveryReport, deliver_due
 from healer.tickets.outbox import request_ticket
-from healer.tickets.receiver import Receiver
+from healer_dev.provider import Receiver
 from tests.services import free_port
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from healer.demo import scale_holds
 from healer.ruleset.loading import load_ruleset
+from healer_dev.demo import scale_holds
 from tests.conftest import REPO
 
 

@@ -9,7 +9,7 @@ from kubernetes import client as k8s
 
 from healer.actions.base import NodeView, human_uncordoned, incident_of
 from healer.actions.drain import Disposition, DrainOptions, classify, decide, selector_matches
-from healer.testing.k8s_emulator import pod
+from healer_dev.k8s_emulator import pod
 
 
 def v1pod(obj: dict[str, Any], *, terminating: bool = False) -> k8s.V1Pod:

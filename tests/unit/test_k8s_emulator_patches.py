@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from healer.testing.k8s_emulator import (
+from healer_dev.k8s_emulator import (
     ApiError,
     json_merge_patch,
     json_patch,

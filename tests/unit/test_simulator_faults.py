@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from healer.simulator import Fleet, FleetConfig, parse_scenario
+from healer_dev.simulator import Fleet, FleetConfig, parse_scenario
 
 NODE = "gpu-node-02"
 SEED = 4

@@ -7,7 +7,7 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from healer.simulator import Fleet, FleetConfig, LabelStyle
+from healer_dev.simulator import Fleet, FleetConfig, LabelStyle
 from tests.conftest import SHARED
 
 FIXTURES = SHARED / "fixtures"

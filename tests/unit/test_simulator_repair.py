@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from healer.simulator.fleet import Fleet, FleetConfig
-from healer.simulator.scenario import parse_scenario
+from healer_dev.simulator.fleet import Fleet, FleetConfig
+from healer_dev.simulator.scenario import parse_scenario
 
 SCENARIO = """
 faults:

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from healer.cli import app
-from healer.simulator import FAULT_KINDS, Fleet, FleetConfig, ScenarioError, load_scenario, parse_scenario
+from healer_dev.simulator import FAULT_KINDS, Fleet, FleetConfig, ScenarioError, load_scenario, parse_scenario
 
 
 def problems(text: str, *, fleet: FleetConfig | None = None) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from healer.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
+from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
 
 SCENARIO = """
 faults:

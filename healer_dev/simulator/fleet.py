@@ -1,7 +1,7 @@
 """A simulated GPU fleet: N nodes x 8 GPUs x 8 HCAs, rendered as dcgm-exporter and node_exporter scrapes.
 
 :class:`Fleet` owns the node identities (names ``gpu-node-00``, GPU UUIDs, PCI bus ids, the training
-pod on each node), one :class:`~healer.simulator.model.NodeModel` per node for the values, and the
+pod on each node), one :class:`~healer_dev.simulator.model.NodeModel` per node for the values, and the
 text templates. Rendering a scrape is one ``str.format`` call on a per-node template in which every
 label string was written once, at the node's first scrape; only the values are formatted per scrape.
 
@@ -34,10 +34,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from healer.simulator import catalog as c
-from healer.simulator.exposition import escape_label_value, family_header, go_float, label_pairs
-from healer.simulator.model import NodeModel, noise_table
-from healer.simulator.scenario import Fault, Scenario, ScenarioError
+from healer_dev.simulator import catalog as c
+from healer_dev.simulator.exposition import escape_label_value, family_header, go_float, label_pairs
+from healer_dev.simulator.model import NodeModel, noise_table
+from healer_dev.simulator.scenario import Fault, Scenario, ScenarioError
 
 ExporterName = Literal["dcgm", "node"]
 EXPORTERS: tuple[ExporterName, ...] = ("dcgm", "node")

@@ -1251,7 +1251,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m healer.testing.k8s_emulator --fleet 64 --kubeconfig emu.kubeconfig``: serve until
+    """``python -m healer_dev.k8s_emulator --fleet 64 --kubeconfig emu.kubeconfig``: serve until
     interrupted (loopback only)."""
     import argparse
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from healer.simulator.exposition import CONTENT_TYPE
-from healer.simulator.fleet import EXPORTERS, Fleet
+from healer_dev.simulator.exposition import CONTENT_TYPE
+from healer_dev.simulator.fleet import EXPORTERS, Fleet
 
 Clock = Callable[[], float]
 """Returns the seconds elapsed since the simulated run began."""

@@ -13,7 +13,7 @@ Every fault has ``at`` (when it starts, a Prometheus duration from the start of 
 where a kind accepts it, is how long the condition lasts (absent: until the run ends); ``ramp`` is the
 time a gradual fault takes to reach its target. Unknown keys are errors, so a typo never silently
 means "default". The kinds and their parameters are the classes below; what each does to the series
-is described in :mod:`healer.simulator.fleet`.
+is described in :mod:`healer_dev.simulator.fleet`.
 
 Errors: :class:`ScenarioError` lists every problem with the file, line and field
 (``demo.yaml:7: faults[1].target: Input should be greater than 0 (fault hot_gpu)``).

@@ -25,8 +25,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from healer.simulator import catalog as c
-from healer.simulator.scenario import (
+from healer_dev.simulator import catalog as c
+from healer_dev.simulator.scenario import (
     ExporterDown,
     ExporterRestart,
     Fault,

@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
-from healer.simulator.fleet import Fleet, FleetConfig, LabelStyle
-from healer.simulator.scenario import Scenario, ScenarioError, load_scenario
-from healer.simulator.server import ElapsedClock, SimulatorServer
+from healer_dev.simulator.fleet import Fleet, FleetConfig, LabelStyle
+from healer_dev.simulator.scenario import Scenario, ScenarioError, load_scenario
+from healer_dev.simulator.server import ElapsedClock, SimulatorServer
 
 
 def simulate(

@@ -34,14 +34,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.config import Settings, load_settings
 from healer.engine.states import NodeState
 from healer.ruleset.schema import RuleSet
-from healer.simulator.fleet import Fleet, FleetConfig
-from healer.simulator.scenario import load_scenario
-from healer.simulator.server import ElapsedClock, SimulatorServer
 from healer.store.models import Node, Ticket, Transition
-from healer.testing.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
-from healer.testing.prometheus import free_port, prometheus_server, wait_until
-from healer.tickets.receiver import Receiver
 from healer.wiring import build_process
+from healer_dev.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
+from healer_dev.prometheus import free_port, prometheus_server, wait_until
+from healer_dev.provider import Receiver
+from healer_dev.simulator.fleet import Fleet, FleetConfig
+from healer_dev.simulator.scenario import load_scenario
+from healer_dev.simulator.server import ElapsedClock, SimulatorServer
 
 DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
 
