@@ -1,8 +1,9 @@
 """The FastAPI application factory.
 
-``create_app`` builds the app around what its host gives it: the settings, a session factory, and
-optionally a clock, the live rule set, leadership and the metrics registry. ``healer run`` serves
-it inside the controller (passing the live providers); ``healer serve`` runs it on its own.
+``create_app`` builds the app around what its host gives it: the settings, a session factory, the
+clock, the chart source, the metrics registry, and optionally the live rule set and leadership. The
+composition root (:func:`healer.wiring.dashboard`) builds those; ``healer run`` serves the app inside
+the controller (passing the live providers), ``healer serve`` runs it on its own.
 
 Routes: the dashboard pages (``/``, ``/nodes/{name}``, ``/tickets``, ``/rules``, ``/audit``,
 ``/login``) and their operator forms, the JSON API under ``/api/v1`` (OpenAPI at ``/docs``), the
@@ -13,7 +14,7 @@ inbound provider callbacks (when the tickets feature provides them), and ``/heal
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -29,23 +30,16 @@ from healer.metrics import HealerMetrics
 from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus_range import PrometheusRange
 
-#: The chart's range queries must not hold a page for the full detection timeout.
-CHART_TIMEOUT_SECONDS = 3.0
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
 
 def create_app(
     settings: Settings,
     session_factory: sessionmaker[Session],
     *,
-    clock: Callable[[], datetime] | None = None,
+    clock: Callable[[], datetime],
+    prometheus: PrometheusRange,
+    metrics: HealerMetrics,
     ruleset_provider: Callable[[], RuleSet | None] | None = None,
     leader_provider: Callable[[], bool] | None = None,
-    metrics: HealerMetrics | None = None,
-    prometheus: PrometheusRange | None = None,
 ) -> FastAPI:
     """Build the dashboard and API app.
 
@@ -53,13 +47,12 @@ def create_app(
         settings: healer's settings (``api`` for access control, ``safety`` for budgets shown,
             ``prometheus`` for charts, ``scheduler`` for readiness).
         session_factory: database sessions; each request opens its own.
-        clock: returns aware UTC now (default: the system clock).
+        clock: returns aware UTC now.
+        prometheus: the range-query adapter for charts.
+        metrics: the process's metrics; the scrape-time database collector is added here.
         ruleset_provider: returns the rule set in force (None: rules are then listed from recent
             evaluations).
         leader_provider: returns whether this process holds the leader Lease (shown by ``/readyz``).
-        metrics: the process's metrics; default a fresh registry. Either way the scrape-time
-            database collector is added here.
-        prometheus: the range-query adapter for charts (default: from ``settings.prometheus``).
 
     The app keeps them on ``app.state`` (``settings``, ``session_factory``, ``clock``, ...).
     """
@@ -70,18 +63,13 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
-    app.state.clock = clock or _utc_now
+    app.state.clock = clock
     app.state.ruleset_provider = ruleset_provider
     app.state.leader_provider = leader_provider
-    app.state.metrics = metrics or HealerMetrics()
+    app.state.metrics = metrics
     app.state.metrics.register_database(session_factory)
     app.state.auth = Auth(settings.api)
-    app.state.prometheus = prometheus or PrometheusRange(
-        settings.prometheus.url,
-        timeout_seconds=min(settings.prometheus.timeout_seconds, CHART_TIMEOUT_SECONDS),
-        headers=settings.prometheus.headers,
-        verify_tls=settings.prometheus.verify_tls,
-    )
+    app.state.prometheus = prometheus
     install_error_handlers(app)
     app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

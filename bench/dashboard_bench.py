@@ -36,12 +36,12 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.app import create_app
 from healer.config import load_settings
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
 from healer.store.models import Base
 from healer.store.session import make_engine, make_sessionmaker
+from healer.wiring import dashboard
 from tests.services import free_port, postgres_server, wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -474,7 +474,7 @@ def run_backend(name: str, url: str, *, nodes: int, transitions: int, requests: 
         ruleset = RuleSet(
             groups=(RuleGroup(name="gpu", rules=[Rule(name=r, expr="up == 0") for r in RULES]),)
         )
-        app = create_app(
+        app = dashboard(
             settings, make_sessionmaker(engine), clock=lambda: NOW, ruleset_provider=lambda: ruleset
         )
         rows = []

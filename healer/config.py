@@ -9,7 +9,7 @@ Prometheus on localhost, dry-run on).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -20,6 +20,10 @@ from pydantic_settings import (
 )
 
 from healer.errors import ConfigError
+
+#: Days of a maintenance window, as the settings spell them.
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 class _Group(BaseModel):
@@ -97,9 +101,7 @@ class MaintenanceWindow(_Group):
     """A recurring window (UTC) during which a pool is not remediated."""
 
     pool: str = Field("*", description="Pool name, or '*' for every pool.")
-    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] = Field(
-        default_factory=lambda: ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
-    )
+    days: list[Weekday] = Field(default_factory=lambda: list(WEEKDAYS))
     start: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC.")
     end: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC; may be before start (overnight).")
 
@@ -242,8 +244,11 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     cls = Settings
     if config_file is not None:
         # A subclass carries the file in its config, so no module state is needed.
-        cls = type(
-            "Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": config_file}}
+        cls = cast(
+            type[Settings],
+            type(
+                "Settings", (Settings,), {"model_config": {**Settings.model_config, "yaml_file": config_file}}
+            ),
         )
     try:
         return cls(**overrides)

@@ -2,6 +2,13 @@
 
 Nothing else in healer reads the clock or chooses an implementation: dry-run is decided here
 (``RecordingNodeActions`` instead of ``KubernetesNodeActions``), not by ``if`` statements in callers.
+The commands in :mod:`healer.cli` call it; with the CLI it is the only place that imports ``api``.
+
+    utc_now          the clock
+    engine, sessions the configured database (``database`` also checks or migrates the schema)
+    node_actions     the Kubernetes adapter, or its dry-run recorder
+    dashboard        the FastAPI app with its chart source, metrics and clock
+    build_process    the controller and its dashboard (``healer run``, the demo)
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fastapi import FastAPI
-from sqlalchemy import inspect
+from kubernetes.client import ApiClient
+from sqlalchemy import Engine, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
+from healer.actions.base import NodeActions
 from healer.actions.dryrun import RecordingNodeActions
 from healer.actions.kubernetes import KubernetesNodeActions, make_api_client
 from healer.actions.lease import LeaderElector
@@ -27,6 +36,7 @@ from healer.metrics import HealerMetrics
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus import PrometheusSource
+from healer.sources.prometheus_range import PrometheusRange
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 
@@ -41,6 +51,25 @@ def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
+#: The chart's range queries must not hold a page for the full detection timeout (seconds).
+CHART_TIMEOUT_SECONDS = 3.0
+
+
+def engine(settings: Settings) -> Engine:
+    """An engine on the configured database (``database.url``, ``database.echo``)."""
+    return make_engine(settings.database.url, echo=settings.database.echo)
+
+
+def has_table(engine: Engine, name: str) -> bool:
+    """Whether the database behind ``engine`` has table ``name`` (is the schema there?)."""
+    return inspect(engine).has_table(name)
+
+
+def sessions(settings: Settings) -> sessionmaker[Session]:
+    """Sessions on the configured database, unchecked (operator commands on an existing schema)."""
+    return make_sessionmaker(engine(settings))
+
+
 def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Session]:
     """Sessions on the configured database; with ``upgrade`` the schema is migrated first.
 
@@ -49,10 +78,57 @@ def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Sessi
     """
     if upgrade:
         migrate.upgrade(settings.database.url)
-    engine = make_engine(settings.database.url, echo=settings.database.echo)
-    if "alembic_version" not in inspect(engine).get_table_names():
-        raise StoreError(f"the database has no healer schema; run `healer db upgrade` first ({engine.url!r})")
-    return make_sessionmaker(engine)
+    bound = engine(settings)
+    if not has_table(bound, "alembic_version"):
+        raise StoreError(f"the database has no healer schema; run `healer db upgrade` first ({bound.url!r})")
+    return make_sessionmaker(bound)
+
+
+def node_actions(
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    *,
+    identity: str,
+    clock: Callable[[], datetime],
+) -> tuple[KubernetesNodeActions, NodeActions]:
+    """The cluster adapter, and what the controller acts through: the same adapter, or with
+    ``safety.dry_run`` a recorder that writes what it would do to the database and touches nothing.
+    """
+    cluster = KubernetesNodeActions(api_client, settings.kubernetes, identity=identity, clock=clock)
+    if settings.safety.dry_run:
+        return cluster, RecordingNodeActions(cluster, sessions, clock=clock)
+    return cluster, cluster
+
+
+def dashboard(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    *,
+    clock: Callable[[], datetime] = utc_now,
+    ruleset_provider: Callable[[], RuleSet | None] | None = None,
+    leader_provider: Callable[[], bool] | None = None,
+    metrics: HealerMetrics | None = None,
+    prometheus: PrometheusRange | None = None,
+) -> FastAPI:
+    """The dashboard and API app, with its chart source (unless given: range queries on
+    ``settings.prometheus``, each at most :data:`CHART_TIMEOUT_SECONDS`) and a metrics registry (a
+    fresh one unless given)."""
+    charts = prometheus or PrometheusRange(
+        settings.prometheus.url,
+        timeout_seconds=min(settings.prometheus.timeout_seconds, CHART_TIMEOUT_SECONDS),
+        headers=settings.prometheus.headers,
+        verify_tls=settings.prometheus.verify_tls,
+    )
+    return create_app(
+        settings,
+        sessions,
+        clock=clock,
+        prometheus=charts,
+        metrics=metrics or HealerMetrics(),
+        ruleset_provider=ruleset_provider,
+        leader_provider=leader_provider,
+    )
 
 
 @dataclass
@@ -82,8 +158,7 @@ def build_process(
     sessions = database(settings, upgrade=upgrade)
     rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
     api_client = make_api_client(settings.kubernetes)
-    cluster = KubernetesNodeActions(api_client, settings.kubernetes, identity=identity, clock=clock)
-    actions = RecordingNodeActions(cluster, sessions, clock=clock) if settings.safety.dry_run else cluster
+    cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)
     metrics = HealerMetrics()
     controller = Controller(
         settings=settings,
@@ -97,7 +172,7 @@ def build_process(
         identity=identity,
         fleet=cluster.node_pools,
     )
-    app = create_app(
+    app = dashboard(
         settings,
         sessions,
         clock=clock,

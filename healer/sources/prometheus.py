@@ -82,7 +82,7 @@ class PrometheusSource:
             headers=dict(headers or {}),
             disable_ssl=not verify_tls,
             retry=no_retry,
-            timeout=timeout_seconds,  # type: ignore[arg-type]  # a float works; the hint says int
+            timeout=timeout_seconds,  # a float works (requests' timeout)
         )
         self._session: requests.Session = self._prom._session
         self._endpoint = f"{self.url}/api/v1/query"

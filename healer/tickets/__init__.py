@@ -8,7 +8,6 @@ Modules (each one concept)::
     signing     HMAC-SHA256 headers, verification, replay nonces, secrets, URL redaction
     delivery    deliver_due(): the delivery job (claim, send, record; backoff, Retry-After)
     service     provider status callbacks, manual close/retry, listing, provider_stats()
-    commands    ``healer ticket list|close|retry|deliver|stats``
 
 A provider in the settings (``tickets.providers``)::
 

@@ -7,7 +7,7 @@ Build a :class:`Fleet` from a :class:`FleetConfig` and a :class:`Scenario` (YAML
     with SimulatorServer(fleet, clock=ElapsedClock(), port=9400) as server:
         server.write_file_sd("targets.json")
 
-The CLI is ``healer simulate`` (:mod:`healer_dev.simulator.commands`).
+The CLI is ``healer simulate`` (:mod:`healer.cli.simulate`).
 """
 
 from healer_dev.simulator.fleet import Fleet, FleetConfig, LabelStyle, Scrape

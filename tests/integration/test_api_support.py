@@ -22,12 +22,12 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
 from healer.config import Settings, load_settings
 from healer.engine.states import ActionStatus, NodeState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Finding, Gpu, OutboxMessage, RuleEvaluation, Ticket
+from healer.wiring import dashboard
 from tests.services import free_port, wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -287,7 +287,7 @@ def build_app(factory: sessionmaker[Session], settings: Settings | None = None, 
     """The app under test with a fixed clock and the test rule set."""
     kwargs.setdefault("clock", lambda: NOW)
     kwargs.setdefault("ruleset_provider", lambda: RULESET)
-    return create_app(settings or make_settings(), factory, **kwargs)  # type: ignore[arg-type]
+    return dashboard(settings or make_settings(), factory, **kwargs)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager

@@ -384,7 +384,7 @@ class TestRealApp:
     def test_secrets_never_in_api_responses(
         self, session_factory: sessionmaker[Session], caplog: pytest.LogCaptureFixture
     ) -> None:
-        from api.app import create_app
+        from healer.wiring import dashboard
 
         caplog.set_level(logging.DEBUG)
         token = "SECRETPATHTOKEN0123456789"
@@ -408,7 +408,7 @@ class TestRealApp:
                 session_factory=session_factory, settings=settings, now=NOW, client=client
             ).outcomes
         assert outcome.result == "retry" and "REDACTED" in (outcome.error or "")
-        app = create_app(settings, session_factory, clock=lambda: NOW)
+        app = dashboard(settings, session_factory, clock=lambda: NOW)
         texts = [caplog.text]
         with serve(app) as client:
             for path in (
@@ -430,7 +430,7 @@ class TestRealApp:
 
     def test_stand_in_provider_calls_back_over_http(self, session_factory: sessionmaker[Session]) -> None:
         """The demo's path: webhook to the receiver, which acknowledges and resolves through the real app."""
-        from api.app import create_app
+        from healer.wiring import dashboard
 
         port = free_port()
         settings = load_settings(
@@ -443,7 +443,7 @@ class TestRealApp:
                 ],
             }
         )
-        app = create_app(settings, session_factory)  # the system clock: the receiver signs with it too
+        app = dashboard(settings, session_factory)  # the system clock: the receiver signs with it too
         receiver = Receiver(
             secret=PROVIDER_SECRET.encode(),
             callback_url=f"http://127.0.0.1:{port}",

@@ -1,18 +1,27 @@
-"""``healer simulate``: serve a simulated GPU fleet for Prometheus to scrape."""
+"""``healer simulate``: serve a simulated GPU fleet for Prometheus to scrape (healer_dev.simulator)."""
 
 from __future__ import annotations
 
 import signal
 import sys
+from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
 
 import typer
 
-from healer_dev.simulator.fleet import Fleet, FleetConfig, LabelStyle
-from healer_dev.simulator.scenario import Scenario, ScenarioError, load_scenario
-from healer_dev.simulator.server import ElapsedClock, SimulatorServer
+from healer.cli.context import dev_tooling
+
+
+class LabelStyle(StrEnum):
+    """The simulator's label styles (``healer_dev.simulator.fleet.LabelStyle``), spelled here so
+    that ``healer --help`` does not load the simulator."""
+
+    HOSTNAME = "Hostname"
+    HOSTNAME_LOWER = "hostname"
+    NODE = "node"
+    EXPORTED = "exported"
 
 
 def simulate(
@@ -43,17 +52,21 @@ def simulate(
     idle_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of idle nodes.")] = 0.05,
 ) -> None:
     """Serve dcgm-exporter and node_exporter scrapes for a simulated fleet, with scripted faults."""
+    sim = dev_tooling("simulator", command="simulate")
     try:
-        loaded = load_scenario(scenario) if scenario else Scenario()
-        fleet = Fleet(
-            FleetConfig(nodes=nodes, seed=seed, label_style=label_style, idle_fraction=idle_fraction), loaded
+        loaded = sim.load_scenario(scenario) if scenario else sim.Scenario()
+        fleet = sim.Fleet(
+            sim.FleetConfig(
+                nodes=nodes, seed=seed, label_style=sim.LabelStyle(label_style), idle_fraction=idle_fraction
+            ),
+            loaded,
         )
-    except ScenarioError as exc:
+    except sim.ScenarioError as exc:
         typer.echo(f"error: invalid scenario\n{exc}", err=True)
         raise typer.Exit(2) from exc
     try:
-        clock = ElapsedClock(speed=speed)
-        server = SimulatorServer(fleet, clock=clock, host=host, port=port, advertise=advertise)
+        clock = sim.ElapsedClock(speed=speed)
+        server = sim.SimulatorServer(fleet, clock=clock, host=host, port=port, advertise=advertise)
     except OSError as exc:
         typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         raise typer.Exit(1) from exc
@@ -80,8 +93,3 @@ def simulate(
     finally:
         server.stop()
         sys.stdout.flush()
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``simulate`` to the root ``healer`` command."""
-    app.command("simulate")(simulate)

@@ -10,10 +10,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-import uvicorn
-
-from healer.errors import RuleError
-from healer.ruleset.schema import RuleSet
 
 
 def serve(
@@ -22,10 +18,14 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Listen port (default: api.port).")] = None,
 ) -> None:
     """Serve the dashboard, the JSON API and /metrics (no controller: nothing is acted on)."""
-    from api.app import create_app
-    from healer.cli import settings_from
+    import uvicorn
+
+    from healer import wiring
+    from healer.cli.context import settings_from
+    from healer.errors import RuleError
     from healer.ruleset.loading import load_ruleset
-    from healer.store.session import make_engine, make_sessionmaker
+    from healer.ruleset.schema import RuleSet
+    from healer.store.session import make_sessionmaker
 
     settings = settings_from(ctx)
     ruleset: RuleSet | None
@@ -34,8 +34,8 @@ def serve(
     except RuleError as exc:
         typer.echo(f"warning: rules not loaded; the rules page lists recent evaluations:\n{exc}", err=True)
         ruleset = None
-    engine = make_engine(settings.database.url, echo=settings.database.echo)
-    app = create_app(settings, make_sessionmaker(engine), ruleset_provider=lambda: ruleset)
+    engine = wiring.engine(settings)
+    app = wiring.dashboard(settings, make_sessionmaker(engine), ruleset_provider=lambda: ruleset)
     try:
         uvicorn.run(
             app,

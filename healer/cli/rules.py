@@ -10,15 +10,16 @@ import io
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from ruamel.yaml import YAML
-from ruamel.yaml.scalarstring import LiteralScalarString
 
-from healer.ruleset.durations import format_duration
-from healer.ruleset.loading import Validation, validate_rules
-from healer.ruleset.schema import Rule, RuleGroup, RuleSet
+from healer.cli.context import settings_from
+from healer.cli.tables import columns
+
+if TYPE_CHECKING:
+    from healer.ruleset.loading import Validation
+    from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 
 app = typer.Typer(no_args_is_help=True, help="Rule files: validate them, show what they do.")
 
@@ -44,7 +45,7 @@ NoPromql = Annotated[
 
 
 def _validate(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> Validation:
-    from healer.cli import settings_from
+    from healer.ruleset.loading import validate_rules
 
     if not paths:
         paths = list(settings_from(ctx).rules_paths)
@@ -105,6 +106,8 @@ def _action_text(action: Any) -> str:
 
 def _action_options(action: Any, *, everything: bool) -> dict[str, Any]:
     """An action's options, durations as Prometheus strings; all of them, or the telling ones."""
+    from healer.ruleset.durations import format_duration
+
     out: dict[str, Any] = {}
     for name, field in type(action).model_fields.items():
         value = getattr(action, name)
@@ -115,6 +118,8 @@ def _action_options(action: Any, *, everything: bool) -> dict[str, Any]:
 
 
 def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[str, Any]:
+    from healer.ruleset.durations import format_duration
+
     return {
         "group": group.name,
         "name": rule.name,
@@ -131,12 +136,6 @@ def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[
     }
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(lines)
-
-
 @app.command()
 def show(
     ctx: typer.Context,
@@ -148,8 +147,6 @@ def show(
 ) -> None:
     """The effective rule set: per rule its group, interval, for, keep_firing_for, severity,
     actions and expression (interval falls back to scheduler.default_interval_seconds)."""
-    from healer.cli import settings_from
-
     v = _validate(ctx, paths, no_promql)
     for warning in v.warnings:
         typer.echo(f"warning: {warning}", err=True)
@@ -163,6 +160,9 @@ def show(
     if output is ShowFormat.json:
         typer.echo(json.dumps({"files": list(v.files), "rules": records}, indent=2))
     elif output is ShowFormat.yaml:
+        from ruamel.yaml import YAML
+        from ruamel.yaml.scalarstring import LiteralScalarString
+
         yaml = YAML(typ="rt")  # keeps the record's key order
         yaml.width = 4096  # keep one-line summaries on one line
         for rec in records:
@@ -189,5 +189,5 @@ def show(
                         expr,
                     ]
                 )
-        typer.echo(_table(rows))
+        typer.echo(columns(rows))
         typer.echo(f"\n{_summary(v)}")

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from sqlalchemy import inspect
 
-from healer.detection import DetectionResult, initial_state, run_detection
-from healer.engine.findings import Finding, json_safe_value
-from healer.engine.states import RuleHealth
-from healer.errors import RuleError
-from healer.ruleset.durations import format_duration
-from healer.sources.prometheus import PrometheusSource
+from healer.cli.context import settings_from
+from healer.cli.tables import columns
+
+if TYPE_CHECKING:
+    from healer.detection import DetectionResult
+    from healer.engine.findings import Finding
 
 
 class OutputFormat(StrEnum):
@@ -42,9 +41,13 @@ def evaluate(
     ] = True,
 ) -> None:
     """Query every rule once at the current time and print the findings and each rule's health."""
-    from healer.cli import settings_from
+    from healer import wiring
+    from healer.detection import initial_state, run_detection
+    from healer.engine.states import RuleHealth
+    from healer.errors import RuleError
     from healer.ruleset.loading import load_ruleset
-    from healer.store.session import make_engine, make_sessionmaker
+    from healer.sources.prometheus import PrometheusSource
+    from healer.store.session import make_sessionmaker
 
     if not once:
         typer.echo("error: give --once (`healer run` runs the controller loop)", err=True)
@@ -57,8 +60,8 @@ def evaluate(
         raise typer.Exit(2) from exc
     factory = None
     if store:
-        engine = make_engine(settings.database.url)
-        if not inspect(engine).has_table("findings"):
+        engine = wiring.engine(settings)
+        if not wiring.has_table(engine, "findings"):
             typer.echo(
                 f"error: no healer schema at {engine.url.render_as_string(hide_password=True)}: "
                 "run `healer db upgrade` (or pass --no-store)",
@@ -72,7 +75,7 @@ def evaluate(
             source=source,
             session_factory=factory,
             state=initial_state(factory),
-            now=datetime.now(UTC),
+            now=wiring.utc_now(),
         )
     if output == OutputFormat.JSON:
         typer.echo(json.dumps(as_json(result), indent=2))
@@ -92,6 +95,8 @@ def _findings(result: DetectionResult) -> list[Finding]:
 
 
 def _value(f: Finding) -> str:
+    from healer.engine.findings import json_safe_value
+
     if f.value is None:
         return "-"
     text = f"{f.value:g}" if math.isfinite(f.value) else str(json_safe_value(f.value))
@@ -99,15 +104,12 @@ def _value(f: Finding) -> str:
 
 
 def _since(f: Finding, now: datetime) -> str:
+    from healer.ruleset.durations import format_duration
+
     if f.active_since is None:
         return "-"
     ago = max(0, int((now - f.active_since).total_seconds()))
     return f"{f.active_since:%Y-%m-%d %H:%M:%S}Z ({format_duration(ago)} ago)"
-
-
-def _columns(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def as_table(result: DetectionResult) -> str:
@@ -119,7 +121,7 @@ def as_table(result: DetectionResult) -> str:
     if findings:
         rows = [["NODE", "GPU", "RULE", "STATE", "VALUE", "SINCE"]]
         rows += [[f.node, f.gpu or "-", f.rule, str(f.state), _value(f), _since(f, now)] for f in findings]
-        out += ["", _columns(rows)]
+        out += ["", columns(rows)]
     elif result.source_unavailable:
         out += ["", "no findings known: the metrics source could not be queried (see the errors below)"]
     else:
@@ -147,13 +149,14 @@ def as_table(result: DetectionResult) -> str:
                 "; ".join(notes),
             ]
         )
-    out += ["", _columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
+    out += ["", columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
     return "\n".join(out)
 
 
 def as_json(result: DetectionResult) -> dict[str, Any]:
     """``{"at", "findings": [...], "unknown": [...], "frozen_rules": [...], "rules": [...],
     "queries", "duration_seconds"}``; values NaN/±Inf as the strings Prometheus uses."""
+    from healer.engine.findings import json_safe_value
 
     def iso(t: datetime | None) -> str | None:
         return t.isoformat() if t else None
@@ -199,8 +202,3 @@ def as_json(result: DetectionResult) -> dict[str, Any]:
         "queries": result.queries,
         "duration_seconds": result.duration_seconds,
     }
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``evaluate`` to the root ``healer`` command."""
-    app.command("evaluate")(evaluate)

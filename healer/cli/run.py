@@ -8,10 +8,6 @@ from types import FrameType
 from typing import Annotated
 
 import typer
-import uvicorn
-
-from healer.errors import HealerError
-from healer.logs import configure_logging
 
 log = logging.getLogger("healer.run")
 
@@ -29,7 +25,11 @@ def run(
 
     SIGTERM/SIGINT finish the current step, release the Lease and exit; SIGHUP reloads the rules.
     """
-    from healer.cli import settings_from
+    import uvicorn
+
+    from healer.cli.context import settings_from
+    from healer.errors import HealerError
+    from healer.logs import configure_logging
     from healer.wiring import build_process
 
     settings = settings_from(ctx)

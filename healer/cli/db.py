@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
-
-from healer.store import migrate
 
 app = typer.Typer(no_args_is_help=True, help="Database schema.")
 
@@ -13,7 +10,10 @@ app = typer.Typer(no_args_is_help=True, help="Database schema.")
 @app.command()
 def upgrade(ctx: typer.Context, revision: str = typer.Argument("head")) -> None:
     """Create or migrate the schema at the configured database URL."""
-    from healer.cli import settings_from
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from healer.cli.context import settings_from
+    from healer.store import migrate
 
     settings = settings_from(ctx)
     try:

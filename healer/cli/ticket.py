@@ -1,42 +1,29 @@
-"""``healer ticket ...`` (list, close, retry, deliver, stats) and ``healer provider-receiver``."""
+"""``healer ticket ...``: list, close, retry, deliver, stats."""
 
 from __future__ import annotations
 
-import getpass
 import json
-import logging
-import os
 from dataclasses import asdict
-from datetime import UTC, datetime
-from typing import Annotated
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated
 
-import httpx
 import typer
-from sqlalchemy.orm import Session, sessionmaker
 
-from healer.config import Settings
-from healer.errors import TicketError
-from healer.operations import OperationError
-from healer.store.session import make_engine, make_sessionmaker, transaction
-from healer.tickets import service, signing
-from healer.tickets.delivery import deliver_due
+from healer.cli.context import operator_name, settings_from
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from healer.config import Settings
 
 app = typer.Typer(no_args_is_help=True, help="Provider tickets.")
 
 
 def _factory(ctx: typer.Context) -> tuple[Settings, sessionmaker[Session]]:
-    from healer.cli import settings_from
+    from healer import wiring
 
     settings = settings_from(ctx)
-    engine = make_engine(settings.database.url)
-    return settings, make_sessionmaker(engine)
-
-
-def _default_actor() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return "cli"
+    return settings, wiring.sessions(settings)
 
 
 def _when(value: datetime | None) -> str:
@@ -52,6 +39,8 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """List tickets: provider, status, delivery attempts and errors."""
+    from healer.tickets import service
+
     _, factory = _factory(ctx)
     with factory() as session:
         rows = service.list_tickets(session, status=status, node=node, limit=limit)
@@ -85,14 +74,19 @@ def close_command(
     actor: Annotated[str | None, typer.Option(help="Who closes it (default: cli:<user>).")] = None,
 ) -> None:
     """Close a ticket by hand; a delivery still pending is cancelled."""
+    from healer import wiring
+    from healer.operations import OperationError
+    from healer.store.session import transaction
+    from healer.tickets import service
+
     _, factory = _factory(ctx)
     try:
         with transaction(factory) as session:
             ticket = service.close_ticket(
                 session,
                 ticket_id=ticket_id,
-                actor=actor or _default_actor(),
-                now=datetime.now(UTC),
+                actor=actor or operator_name(),
+                now=wiring.utc_now(),
                 reason=reason,
             )
             typer.echo(f"ticket {ticket.id} closed")
@@ -108,11 +102,16 @@ def retry_command(
     actor: Annotated[str | None, typer.Option(help="Who asks (default: cli:<user>).")] = None,
 ) -> None:
     """Queue a failed ticket for delivery again (same idempotency key)."""
+    from healer import wiring
+    from healer.operations import OperationError
+    from healer.store.session import transaction
+    from healer.tickets import service
+
     _, factory = _factory(ctx)
     try:
         with transaction(factory) as session:
             service.retry_ticket(
-                session, ticket_id=ticket_id, actor=actor or _default_actor(), now=datetime.now(UTC)
+                session, ticket_id=ticket_id, actor=actor or operator_name(), now=wiring.utc_now()
             )
     except OperationError as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -123,9 +122,14 @@ def retry_command(
 @app.command("deliver")
 def deliver_command(ctx: typer.Context) -> None:
     """Send the due outbox messages once, now (the controller does this every few seconds)."""
+    import httpx
+
+    from healer import wiring
+    from healer.tickets.delivery import deliver_due
+
     settings, factory = _factory(ctx)
     with httpx.Client() as client:
-        report = deliver_due(session_factory=factory, settings=settings, now=datetime.now(UTC), client=client)
+        report = deliver_due(session_factory=factory, settings=settings, now=wiring.utc_now(), client=client)
     for o in report.outcomes:
         line = f"ticket {o.ticket_id} -> {o.provider}: {o.result}"
         if o.status_code:
@@ -139,6 +143,8 @@ def deliver_command(ctx: typer.Context) -> None:
 @app.command("stats")
 def stats_command(ctx: typer.Context) -> None:
     """Per provider: open tickets, median time to acknowledge and to repair."""
+    from healer.tickets import service
+
     _, factory = _factory(ctx)
     with factory() as session:
         stats = service.provider_stats(session)
@@ -152,65 +158,3 @@ def stats_command(ctx: typer.Context) -> None:
             f"{s.provider:<20} {s.open:>5} {s.total:>6} {s.failed:>6} "
             f"{fmt(s.median_ack_seconds):>8} {fmt(s.median_repair_seconds):>8}"
         )
-
-
-def _env_secret(name: str | None, what: str) -> bytes | None:
-    try:
-        return signing.load_secret(env=name, file=None, what=what)
-    except TicketError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
-
-
-def provider_receiver(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 9300,
-    secret_env: Annotated[
-        str | None, typer.Option(help="Env var with the secret healer signs webhooks with (verified).")
-    ] = None,
-    callback_url: Annotated[
-        str | None, typer.Option(help="healer's base URL for status callbacks, e.g. http://127.0.0.1:8080.")
-    ] = None,
-    callback_secret_env: Annotated[
-        str | None, typer.Option(help="Env var with the secret to sign callbacks with.")
-    ] = None,
-    fail_first: Annotated[
-        int, typer.Option(min=0, help="Answer the first N webhooks with --fail-status.")
-    ] = 0,
-    fail_status: Annotated[int, typer.Option(help="Status of the simulated failures.")] = 500,
-    retry_after: Annotated[str | None, typer.Option(help="Retry-After header on simulated failures.")] = None,
-    reject_status: Annotated[int | None, typer.Option(help="Refuse every webhook with this status.")] = None,
-    ack_after: Annotated[
-        float | None, typer.Option(help="Seconds after a new ticket to call back acknowledged.")
-    ] = None,
-    resolve_after: Annotated[
-        float | None, typer.Option(help="Seconds after a new ticket to call back resolved.")
-    ] = None,
-    max_skew_seconds: Annotated[float, typer.Option(help="Refuse webhooks signed further from now.")] = 300.0,
-) -> None:
-    """Run a stand-in provider: receives signed webhooks, can fail first, calls back signed statuses."""
-    from healer_dev.provider import Receiver
-
-    logging.basicConfig(level=os.environ.get("HEALER_LOG_LEVEL", "INFO"), format="%(asctime)s %(message)s")
-    receiver = Receiver(
-        host=host,
-        port=port,
-        secret=_env_secret(secret_env, "--secret-env"),
-        fail_first=fail_first,
-        fail_status=fail_status,
-        retry_after=retry_after,
-        reject_status=reject_status,
-        callback_url=callback_url,
-        callback_secret=_env_secret(callback_secret_env, "--callback-secret-env"),
-        ack_after=ack_after,
-        resolve_after=resolve_after,
-        max_skew_seconds=max_skew_seconds,
-    )
-    receiver.start()
-    typer.echo(f"provider receiver listening on {receiver.url} (GET /requests lists what it received)")
-    try:
-        receiver.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        receiver.stop()

@@ -1,0 +1,62 @@
+"""What every command shares: the invocation's settings, the operator's name, dev tooling.
+
+Imports only typer and the standard library at module level: ``healer --version`` and ``--help``
+load every command module, and must stay fast.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib
+import os
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from healer.config import Settings
+
+
+def settings_from(ctx: typer.Context, **overrides: object) -> Settings:
+    """Build the settings for this invocation from ``--config`` and the environment.
+
+    Exits with status 2 and every problem on stderr when the settings are invalid.
+    """
+    from healer.config import load_settings
+    from healer.errors import ConfigError
+
+    root = ctx.find_root()
+    config = (root.obj or {}).get("config")
+    try:
+        return load_settings(config, **overrides)
+    except ConfigError as exc:
+        typer.echo(f"error: invalid settings\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def operator_name() -> str:
+    """Who runs the command, as the audit log records it: ``cli:<user>`` (``$USER`` first), or ``cli``."""
+    user = os.environ.get("USER")
+    if not user:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = ""
+    return f"cli:{user}" if user else "cli"
+
+
+def dev_tooling(module: str, *, command: str) -> ModuleType:
+    """Import ``healer_dev.<module>`` for ``command``; exit 2 with a clear message when the
+    development tooling (the ``healer_dev`` package) is not installed."""
+    try:
+        return importlib.import_module(f"healer_dev.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != "healer_dev":
+            raise
+        typer.echo(
+            f"error: `healer {command}` needs healer's development tooling (the healer_dev package), "
+            "which is not installed here; install healer from its source tree (pip install .)",
+            err=True,
+        )
+        raise typer.Exit(2) from exc

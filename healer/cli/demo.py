@@ -1,0 +1,47 @@
+"""``healer demo``: the whole loop on real services on this machine (:mod:`healer_dev.demo`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from healer.cli.context import dev_tooling
+
+
+def demo(
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")
+    ] = None,
+    headless: Annotated[
+        bool, typer.Option(help="No prompts; progress lines only (for scripts and CI).")
+    ] = False,
+    nodes: Annotated[int, typer.Option(min=51, help="Simulated GPU nodes (the scenario needs 51+).")] = 64,
+    port: Annotated[int, typer.Option(help="Dashboard port (0: any free port).")] = 8080,
+    time_scale: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="Multiplier of the rules' hold times.")
+    ] = 0.1,
+    workdir: Annotated[
+        Path, typer.Option(help="Where the demo keeps its database and Prometheus data.")
+    ] = Path(".demo"),
+    database_url: Annotated[
+        str | None, typer.Option(help="Database URL (default: SQLite in the workdir).")
+    ] = None,
+) -> None:
+    """Run healer on a simulated 64-node GPU fleet with real Prometheus: watch it quarantine, drain,
+    ticket and return nodes in the dashboard."""
+    from healer.logs import configure_logging
+
+    demo_module = dev_tooling("demo", command="demo")
+    configure_logging("WARNING", json=False)
+    if not headless:
+        print("open the dashboard URL below in a browser; Ctrl-C stops the demo")
+    demo_module.run_demo(
+        workdir=workdir,
+        nodes=nodes,
+        port=port,
+        duration=duration,
+        time_scale=time_scale,
+        database_url=database_url,
+    )

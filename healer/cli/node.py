@@ -1,0 +1,89 @@
+"""``healer node release|list``: the nodes healer remediates.
+
+Operator actions go through :mod:`healer.operations` (shared with the dashboard) and are recorded
+in the audit log as ``cli:<user>`` (``$USER``). Exit status 1 with a message on stderr when an
+action does not apply (unknown node ...).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from healer.cli.context import operator_name, settings_from
+
+app = typer.Typer(no_args_is_help=True, help="Nodes healer remediates.")
+
+
+@app.command("release")
+def release(
+    ctx: typer.Context,
+    node: Annotated[str, typer.Argument(help="Node name.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why (recorded in the audit log).")] = "",
+) -> None:
+    """Tell healer NODE is repaired: it validates, then returns to service after the recovery hold."""
+    from healer import operations, wiring
+    from healer.store.session import transaction
+
+    try:
+        with transaction(wiring.sessions(settings_from(ctx))) as session:
+            operations.release_node(
+                session, node_name=node, actor=operator_name(), now=wiring.utc_now(), reason=reason
+            )
+    except operations.OperationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"{node}: validating; back in service once its rules stay clear for the recovery hold")
+
+
+@app.command("list")
+def list_nodes(
+    ctx: typer.Context,
+    all_nodes: Annotated[bool, typer.Option("--all", help="Healthy nodes too.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+) -> None:
+    """Nodes healer is remediating (state, since, pool, incident, rule, blocked reason)."""
+    from sqlalchemy import select
+
+    from healer import wiring
+    from healer.engine.states import NodeState
+    from healer.store.models import Incident, Node
+
+    with wiring.sessions(settings_from(ctx))() as session:
+        query = (
+            select(Node, Incident)
+            .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+            .order_by(Node.name)
+        )
+        if not all_nodes:
+            query = query.where(Node.state != NodeState.HEALTHY)
+        rows = [
+            {
+                "node": n.name,
+                "state": n.state,
+                "since": n.state_since.isoformat(timespec="seconds"),
+                "pool": n.pool,
+                "incident": i.id if i else None,
+                "rule": i.rule if i else None,
+                "blocked": i.blocked_reason if i else None,
+            }
+            for n, i in session.execute(query).all()
+        ]
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row))
+        return
+    if not rows:
+        typer.echo("no nodes" if all_nodes else "every node is healthy")
+        return
+    typer.echo(f"{'NODE':<24} {'STATE':<16} {'SINCE':<26} {'POOL':<20} {'INCIDENT':<9} RULE")
+    for r in rows:
+        line = (
+            f"{r['node']:<24} {r['state']:<16} {r['since']:<26} {r['pool']:<20} {r['incident'] or '-'!s:<9} "
+        )
+        line += str(r["rule"] or "-")
+        if r["blocked"]:
+            line += f"  ({r['blocked']})"
+        typer.echo(line)
