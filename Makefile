@@ -1,8 +1,13 @@
 # make demo                                   the demo on a fresh machine (Ctrl-C stops it)
 # make demo ARGS="--duration 420 --headless"   unattended
 # make test                                   the tests (bash .ci/run also installs what they need)
-.PHONY: demo test
+# make lint                                   ruff, the import-linter layer contracts, mypy --strict
+.PHONY: demo test lint
 demo:
 	scripts/demo.sh $(ARGS)
 test:
 	python3 -m pytest
+lint:
+	ruff check healer healer_dev api tests migrations bench
+	lint-imports
+	mypy
