@@ -4,11 +4,12 @@ Nothing else in healer reads the clock or chooses an implementation: dry-run is 
 (``RecordingNodeActions`` instead of ``KubernetesNodeActions``), not by ``if`` statements in callers.
 The commands in :mod:`healer.cli` call it; with the CLI it is the only place that imports ``api``.
 
-    utc_now          the clock
-    engine, sessions the configured database (``database`` also checks or migrates the schema)
-    node_actions     the Kubernetes adapter, or its dry-run recorder
-    dashboard        the FastAPI app with its chart source, metrics and clock
-    build_process    the controller and its dashboard (``healer run``, the demo)
+    utc_now             the clock
+    engine, sessions    the configured database (``database`` also checks or migrates the schema)
+    prometheus_source   the detection source
+    node_actions        the Kubernetes adapter, or its dry-run recorder
+    dashboard           the FastAPI app with its chart source, metrics and clock
+    build_process       the controller and its dashboard (``healer run``, the demo)
 """
 
 from __future__ import annotations
@@ -82,6 +83,11 @@ def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Sessi
     if not has_table(bound, "alembic_version"):
         raise StoreError(f"the database has no healer schema; run `healer db upgrade` first ({bound.url!r})")
     return make_sessionmaker(bound)
+
+
+def prometheus_source(settings: Settings) -> PrometheusSource:
+    """The detection source: instant queries on ``prometheus.url`` with its timeouts; close it."""
+    return PrometheusSource.from_settings(settings.prometheus)
 
 
 def node_actions(
@@ -163,7 +169,7 @@ def build_process(
     controller = Controller(
         settings=settings,
         session_factory=sessions,
-        source=PrometheusSource.from_settings(settings.prometheus),
+        source=prometheus_source(settings),
         actions=actions,
         rules=rules,
         leadership=LeaderElector(api_client, settings.kubernetes, identity=identity, clock=clock),

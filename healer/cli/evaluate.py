@@ -46,7 +46,6 @@ def evaluate(
     from healer.engine.states import RuleHealth
     from healer.errors import RuleError
     from healer.ruleset.loading import load_ruleset
-    from healer.sources.prometheus import PrometheusSource
     from healer.store.session import make_sessionmaker
 
     if not once:
@@ -69,7 +68,7 @@ def evaluate(
             )
             raise typer.Exit(2)
         factory = make_sessionmaker(engine)
-    with PrometheusSource.from_settings(settings.prometheus) as source:
+    with wiring.prometheus_source(settings) as source:
         result = run_detection(
             ruleset=ruleset,
             source=source,
