@@ -68,11 +68,12 @@ def make_api_client(settings: KubernetesSettings) -> k8s.ApiClient:
             configuration = k8s.Configuration()
             k8s_config.load_incluster_config(client_configuration=configuration)
             return k8s.ApiClient(configuration)
-        return k8s_config.new_client_from_config(
+        client: k8s.ApiClient = k8s_config.new_client_from_config(
             config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
             context=settings.context,
             persist_config=False,
         )
+        return client
     except (ConfigException, OSError) as exc:
         where = str(settings.kubeconfig) if settings.kubeconfig else "in-cluster or ~/.kube/config"
         raise ConfigError(f"kubernetes: cannot load configuration from {where}: {exc}") from exc
@@ -147,7 +148,12 @@ class KubernetesNodeActions:
         with api_call("list nodes"):
             nodes = self.core.list_node(_request_timeout=self._timeout)
         label = self.settings.pool_label
-        return {n.metadata.name: (n.metadata.labels or {}).get(label) or "default" for n in nodes.items}
+        pools: dict[str, str] = {}
+        for n in nodes.items:
+            meta = n.metadata
+            if meta is not None and meta.name:
+                pools[meta.name] = (meta.labels or {}).get(label) or "default"
+        return pools
 
     def human_uncordoned(self, name: str) -> bool:
         """Read the node: did a human uncordon it after healer cordoned it? (see ``base.human_uncordoned``)"""

@@ -414,7 +414,7 @@ def _acting_rule(facts: NodeFacts, ctx: Context) -> Rule | None:
     names = [f.rule for f in found]
     inc_rule = facts.incident.rule if facts.incident else None
     if inc_rule in names:
-        return ctx.rules.rule(inc_rule)  # type: ignore[arg-type]
+        return ctx.rules.rule(inc_rule)
     return ctx.rules.rule(names[0]) if names else None
 
 
