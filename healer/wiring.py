@@ -19,28 +19,29 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI
-from kubernetes.client import ApiClient
 from sqlalchemy import Engine, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
-from healer.actions.base import NodeActions
-from healer.actions.dryrun import RecordingNodeActions
-from healer.actions.kubernetes import KubernetesNodeActions, make_api_client
-from healer.actions.lease import LeaderElector
 from healer.config import Settings
-from healer.controller import Controller
 from healer.errors import StoreError
-from healer.metrics import HealerMetrics
-from healer.rules_holder import RulesHolder
-from healer.ruleset.schema import RuleSet
-from healer.sources.prometheus import PrometheusSource
-from healer.sources.prometheus_range import PrometheusRange
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 
+# The adapters, the controller and the dashboard are imported where they are built, so that an
+# operator command (``healer node list``) loads neither the Kubernetes client nor the web framework.
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from kubernetes.client import ApiClient
+
+    from healer.actions.base import NodeActions
+    from healer.actions.kubernetes import KubernetesNodeActions
+    from healer.controller import Controller
+    from healer.metrics import HealerMetrics
+    from healer.ruleset.schema import RuleSet
+    from healer.sources.prometheus import PrometheusSource
+    from healer.sources.prometheus_range import PrometheusRange
 
 def utc_now() -> datetime:
     """The one clock: aware UTC."""
@@ -87,6 +88,8 @@ def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Sessi
 
 def prometheus_source(settings: Settings) -> PrometheusSource:
     """The detection source: instant queries on ``prometheus.url`` with its timeouts; close it."""
+    from healer.sources.prometheus import PrometheusSource
+
     return PrometheusSource.from_settings(settings.prometheus)
 
 
@@ -101,6 +104,9 @@ def node_actions(
     """The cluster adapter, and what the controller acts through: the same adapter, or with
     ``safety.dry_run`` a recorder that writes what it would do to the database and touches nothing.
     """
+    from healer.actions.dryrun import RecordingNodeActions
+    from healer.actions.kubernetes import KubernetesNodeActions
+
     cluster = KubernetesNodeActions(api_client, settings.kubernetes, identity=identity, clock=clock)
     if settings.safety.dry_run:
         return cluster, RecordingNodeActions(cluster, sessions, clock=clock)
@@ -120,6 +126,10 @@ def dashboard(
     """The dashboard and API app, with its chart source (unless given: range queries on
     ``settings.prometheus``, each at most :data:`CHART_TIMEOUT_SECONDS`) and a metrics registry (a
     fresh one unless given)."""
+    from api.app import create_app
+    from healer.metrics import HealerMetrics
+    from healer.sources.prometheus_range import PrometheusRange
+
     charts = prometheus or PrometheusRange(
         settings.prometheus.url,
         timeout_seconds=min(settings.prometheus.timeout_seconds, CHART_TIMEOUT_SECONDS),
@@ -160,6 +170,12 @@ def build_process(
         StoreError: the database has no schema.
         RuleError: the rule files are invalid (healer does not start on bad rules).
     """
+    from healer.actions.kubernetes import make_api_client
+    from healer.actions.lease import LeaderElector
+    from healer.controller import Controller
+    from healer.metrics import HealerMetrics
+    from healer.rules_holder import RulesHolder
+
     identity = identity or default_identity()
     sessions = database(settings, upgrade=upgrade)
     rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)

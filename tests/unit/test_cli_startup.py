@@ -3,8 +3,10 @@ client, web framework, database toolkit nor dev tooling; dev commands say what i
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,9 @@ from healer_dev.simulator.fleet import LabelStyle
 HEAVY = {"kubernetes", "fastapi", "starlette", "sqlalchemy", "uvicorn", "alembic", "api", "healer_dev"}
 
 
-def _imported(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+def _imported(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     """Run ``python -X importtime -m healer ARGS``; return the result and the top-level packages it
     imported (read from the interpreter's own import log on stderr)."""
     result = subprocess.run(
@@ -25,6 +29,7 @@ def _imported(*args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
         text=True,
         timeout=60,
         check=False,
+        env={**os.environ, **(env or {})},
     )
     names = {
         line.rsplit("|", 1)[1].strip().split(".")[0]
@@ -40,6 +45,16 @@ def test_version_and_help_load_no_heavy_dependency(args: list[str]) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "healer" in imported  # the log was read
     assert imported & HEAVY == set()
+
+
+def test_operator_commands_load_no_kubernetes_client_nor_web_framework(tmp_path: Path) -> None:
+    env = {"HEALER_DATABASE__URL": f"sqlite:///{tmp_path / 'healer.db'}"}
+    upgraded, _ = _imported("db", "upgrade", env=env)
+    assert upgraded.returncode == 0, upgraded.stderr[-2000:]
+    result, imported = _imported("breaker", "status", env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("circuit breaker: closed")
+    assert imported & {"kubernetes", "fastapi", "starlette", "uvicorn", "api", "healer_dev"} == set()
 
 
 def test_version_prints_the_version() -> None:
