@@ -97,9 +97,7 @@ def render_value_match(metric: str, codes: Iterable[int]) -> str:
     ``DCGM_FI_DEV_XID_ERRORS`` holds the last Xid as its value, and PromQL cannot match a value
     against a set, so each code (or run of consecutive codes) is one comparison, joined by ``or``.
     """
-    parts = [
-        f"{metric} == {lo}" if lo == hi else f"({metric} >= {lo} <= {hi})" for lo, hi in _runs(codes)
-    ]
+    parts = [f"{metric} == {lo}" if lo == hi else f"({metric} >= {lo} <= {hi})" for lo, hi in _runs(codes)]
     if not parts:
         raise ValueError("no codes")
     return " or ".join(parts)
