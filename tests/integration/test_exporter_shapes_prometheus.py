@@ -53,6 +53,7 @@ class Gpu:
     recovery: int = 0
     pods: list[str] = field(default_factory=lambda: ["train-0"])
     mig: list[int] = field(default_factory=list)  # GPU instance ids
+    nvlink_recovery: int = 0  # DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
 
 
 @dataclass
@@ -102,7 +103,7 @@ class DcgmExporter:
             ("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", lambda g: 0),
             ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", lambda g: 0),
             ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", lambda g: 0),
-            ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", lambda g: 0),
+            ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", lambda g: g.nvlink_recovery),
             ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", lambda g: 0.97),
             ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", lambda g: 0.41),
         ]
@@ -283,3 +284,24 @@ def test_each_fault_fires_on_its_node_and_gpu_or_port_only(fleet: Fleet) -> None
     assert "InfinibandLinkDowned" not in excluded
     assert set(excluded["InfinibandPortNotActive"]) == {(N3, "mlx5_1:1")}
     assert set(excluded["InfinibandCounterSaturated"]) == {(N3, "mlx5_0:1"), (N3, "mlx5_2:1")}
+
+
+def test_nvlink_counters_corroborate_and_a_lost_gpu_is_still_seen(fleet: Fleet) -> None:
+    prom = fleet.prom
+    n4, n4b = fleet.exporters[N4].gpus, fleet.exporters[N4B].gpus
+    # gpu-n4's MIG GPU 3 had Xid 145 once: now its NVLink links retrain (recovery errors move).
+    n4[3].xid, n4[3].xid_counts, n4[3].nvlink_recovery = 145, {145: 1}, 2
+    # gpu-n4b loses GPU 1 off the bus: its series are gone, not just one pod's.
+    del n4b[1:]
+    fleet.publish()
+    prom.wait_for_samples(f'DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{Hostname="{N4}",gpu="3"}} == 2')
+    wait_until(
+        lambda: not prom.query(f'DCGM_FI_DEV_GPU_TEMP{{hostname="{N4B}",gpu="1"}}'), what="GPU 1 stale"
+    )
+
+    pack = load_pack()
+    assert set(findings(prom, pack["GpuNvlink5XidCorroborated"])) >= {(N4, "3")}
+    assert set(findings(prom, pack["NvlinkRecoveryErrors"])) == {(N4, "3")}
+    # GPUs counted by UUID: the lost GPU shows (1 GPU now, 2 in the last hour); MIG instances and
+    # shared GPUs elsewhere do not.
+    assert findings(prom, pack["GpuMissing"]) == {(N4B, None): "1"}
