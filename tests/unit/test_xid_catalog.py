@@ -38,6 +38,14 @@ def flat(text: str) -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def codes_in(expr: str) -> set[int]:
+    """Every Xid code the expression compares the Xid gauge with (``== N`` and ``>= A <= B`` runs)."""
+    codes = {int(c) for c in re.findall(rf"{XID} == (\d+)", expr)}
+    for lo, hi in re.findall(rf"{XID} >= (\d+) <= (\d+)", expr):
+        codes.update(range(int(lo), int(hi) + 1))
+    return codes
+
+
 def assert_carries(rule: Rule, fragment: str) -> None:
     assert flat(fragment) in flat(rule.expr), f"{rule.name} must carry, from the catalog:\n{fragment}"
 
@@ -62,10 +70,9 @@ def test_fatal_xid_rules_act_on_exactly_the_actionable_classes(
     codes = catalog.codes(*ACTIONABLE, corroborate=False)
     assert_carries(rules["GpuFatalXid"], render_value_match(XID, codes))
     assert_carries(rules["GpuFatalXidRecent"], f'xid=~"{render_label_regex(codes)}"')
-    # Nothing the catalog calls an application fault or wants corroborated is acted on alone.
-    alone = set(re.findall(r"== (\d+)", rules["GpuFatalXid"].expr))
-    assert not alone & {str(c) for c in catalog.codes("application")}
-    assert not alone & {str(c) for c in catalog.codes(corroborate=True)}
+    # Exactly those codes: nothing the catalog calls an application fault or wants corroborated.
+    assert codes_in(rules["GpuFatalXid"].expr) == set(codes)
+    assert not codes_in(rules["GpuFatalXid"].expr) & set(catalog.codes("application"))
 
 
 def test_nvlink5_xids_need_corroboration(catalog: XidCatalog, rules: dict[str, Rule]) -> None:
@@ -82,6 +89,7 @@ def test_unknown_xid_is_every_code_the_catalog_does_not_list(
 ) -> None:
     rule = rules["GpuUnknownXid"]
     assert_carries(rule, f"{XID} > 0 unless ( {render_value_match(XID, catalog.codes())} )")
+    assert codes_in(rule.expr) == set(catalog.codes())
     assert rule.severity == "warning"
     assert {a.kind for a in rule.actions} == {"taint", "ticket"}
 
