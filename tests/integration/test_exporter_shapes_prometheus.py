@@ -1,14 +1,14 @@
 """The default rule pack against exporters as they really are, on a real Prometheus.
 
-Three dcgm-exporters in the shapes the field reports (shared with healer's sources in
-rules/README.md):
+Three dcgm-exporters in the shapes upstream dcgm-exporter gives (sources in rules/README.md):
 
 - ``gpu-n3``, a 3.x exporter: field 112 named ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``, a Xid series
   on every GPU from the start (``err_code="0"``, value 0), model names with blanks, no thermal
   margin, GPU 0 shared by two pods (one series per pod, as time-slicing/MPS/DRA give);
 - ``gpu-n4``, a 4.4+ exporter: ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``, labels sorted, no Xid series
   until a GPU's first Xid, ``--replace-blanks-in-model-name``, the thermal margin (field 153) and
-  the recovery action (field 1523) exported, GPU 3 in MIG mode (one series per GPU instance);
+  the recovery action (field 1523, where the operator enabled it) exported, GPU 3 in MIG mode (one
+  series per GPU instance);
 - ``gpu-n4b``, a 4.x exporter without field 153 whose node label is ``hostname``;
 
 and the real node_exporter (Debian's ``prometheus-node-exporter``) reading a fake sysfs tree for
