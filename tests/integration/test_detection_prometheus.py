@@ -130,6 +130,7 @@ EXPECTED: dict[str, set[tuple[str, str | None]]] = {
     "GpuUnknownXid": set(),
     "GpuRecoveryActionRequired": set(),
     "InfinibandPortNotActive": set(),
+    "InfinibandPortMissing": set(),
 }
 NO_DATA_EXPECTED = {
     "DcgmExporterSilent": {DOWN},

@@ -294,6 +294,7 @@ def test_nvlink_counters_corroborate_and_a_lost_gpu_is_still_seen(fleet: Fleet) 
     # gpu-n4b loses GPU 1 off the bus: its series are gone, not just one pod's.
     del n4b[1:]
     fleet.publish()
+    fleet.ib.sysfs.remove_hca("mlx5_3")  # an HCA gone from gpu-n3
     prom.wait_for_samples(f'DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL{{Hostname="{N4}",gpu="3"}} == 2')
     wait_until(
         lambda: not prom.query(f'DCGM_FI_DEV_GPU_TEMP{{hostname="{N4B}",gpu="1"}}'), what="GPU 1 stale"
@@ -305,3 +306,5 @@ def test_nvlink_counters_corroborate_and_a_lost_gpu_is_still_seen(fleet: Fleet) 
     # GPUs counted by UUID: the lost GPU shows (1 GPU now, 2 in the last hour); MIG instances and
     # shared GPUs elsewhere do not.
     assert findings(prom, pack["GpuMissing"]) == {(N4B, None): "1"}
+    wait_until(lambda: not prom.query('node_infiniband_state_id{device="mlx5_3"}'), what="mlx5_3 gone")
+    assert findings(prom, pack["InfinibandPortMissing"]) == {(N3, None): "4"}  # 5 ports in the last hour

@@ -96,12 +96,19 @@ def test_default_pack_rules_are_explained_and_remediated() -> None:
         assert "DCGM_FI_DEV_GPU_UTIL" not in rule.expr, rule.name
 
 
+#: Rules that count a node's GPUs or ports: their finding is the node, no single GPU or port.
+NODE_WIDE = {"GpuMissing", "InfinibandPortMissing"}
+
+
 def test_default_pack_keeps_node_and_gpu_identity_in_every_result() -> None:
     for rule in load_ruleset([PACK]).rules:
+        if rule.name in NODE_WIDE:
+            assert rule.expr.startswith("count by (") and "max_over_time(" in rule.expr, rule.name
+            continue
         if "node_infiniband_" in rule.expr and rule.kind == "fault":
             assert "device, port" in rule.expr, rule.name
             assert "Hostname" not in rule.node_labels, rule.name
-        elif "DCGM_" in rule.expr and rule.kind == "fault" and rule.name != "GpuMissing":
+        elif "DCGM_" in rule.expr and rule.kind == "fault":
             assert "gpu, UUID, pci_bus_id, modelName" in rule.expr, rule.name
 
 
