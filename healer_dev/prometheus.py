@@ -45,6 +45,16 @@ def wait_until(
     raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}") from last_exc
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Terminate ``process``; kill it when it has not exited after ``timeout`` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # --- Prometheus -------------------------------------------------------------------------------
 
 
@@ -170,12 +180,7 @@ def prometheus_server(
         wait_until(ready, timeout=30, what="prometheus ready")
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
         log.close()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

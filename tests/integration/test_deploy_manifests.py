@@ -626,7 +626,7 @@ def test_rule_configmap_holds_the_rule_pack(rendered: dict[str, list[dict[str, A
 
 def test_dcgm_exporter_counters_configmap(rendered: dict[str, list[dict[str, Any]]]) -> None:
     config_map = _one(rendered["dcgm-exporter"], "ConfigMap")
-    counters = (DEPLOY / "dcgm-exporter" / "counters.csv").read_text(encoding="utf-8")
+    counters = (DEPLOY / "dcgm-exporter" / "counters-4.x.csv").read_text(encoding="utf-8")
     assert config_map["data"] == {"dcgm-metrics.csv": counters}
     assert config_map["metadata"]["name"] == "healer-dcgm-metrics"
 

@@ -121,6 +121,16 @@ EXPECTED: dict[str, set[tuple[str, str | None]]] = {
     "InfinibandSymbolErrorRate": {(IBSYMBOL, "mlx5_0")},
     "InfinibandLinkErrorRecovery": {(IBSYMBOL, "mlx5_0")},
     "InfinibandPortReceiveErrors": {(IBSYMBOL, "mlx5_0")},
+    # 900 link error recoveries: past what the 8-bit sysfs counter holds (255), where a real HCA's
+    # counter stays pinned: a finding of its own.
+    "InfinibandCounterSaturated": {(IBSYMBOL, "mlx5_0")},
+    # The rules below see nothing wrong in this scenario (its Xids are 79 and 45, both in the catalog;
+    # the flapping port is DOWN for less than the hold).
+    "GpuNvlink5XidCorroborated": set(),
+    "GpuUnknownXid": set(),
+    "GpuRecoveryActionRequired": set(),
+    "InfinibandPortNotActive": set(),
+    "InfinibandPortMissing": set(),
 }
 NO_DATA_EXPECTED = {
     "DcgmExporterSilent": {DOWN},
@@ -388,7 +398,7 @@ def test_findings_fire_only_after_their_for(timeline: Timeline) -> None:
         c.finding.series_key for t in timeline.all_ticks for c in t.changes if c.kind == ChangeKind.PENDING
     }
     fired = [c.finding for t in timeline.all_ticks for c in t.changes if c.kind == ChangeKind.FIRED]
-    assert {f.rule for f in fired} == set(EXPECTED)
+    assert {f.rule for f in fired} == {rule for rule, where in EXPECTED.items() if where}
     for f in fired:
         assert f.active_since is not None and f.fired_at is not None
         if timeline.ruleset.rule(f.rule).for_ > 0:

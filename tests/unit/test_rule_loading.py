@@ -26,7 +26,8 @@ from healer.ruleset.schema import RuleSet
 from tests.conftest import REPO
 
 PACK = REPO / "rules"
-COUNTERS_CSV = REPO / "deploy" / "dcgm-exporter" / "counters.csv"
+COUNTERS_CSV = {line: REPO / "deploy" / "dcgm-exporter" / f"counters-{line}.csv" for line in ("3.x", "4.x")}
+FIXTURES = REPO / "tests" / "fixtures"
 
 GOOD_RULE = """\
 groups:
@@ -95,13 +96,35 @@ def test_default_pack_rules_are_explained_and_remediated() -> None:
         assert "DCGM_FI_DEV_GPU_UTIL" not in rule.expr, rule.name
 
 
+#: Rules that count a node's GPUs or ports: their finding is the node, no single GPU or port.
+NODE_WIDE = {"GpuMissing", "InfinibandPortMissing"}
+
+
 def test_default_pack_keeps_node_and_gpu_identity_in_every_result() -> None:
     for rule in load_ruleset([PACK]).rules:
+        if rule.name in NODE_WIDE:
+            assert rule.expr.startswith("count by (") and "max_over_time(" in rule.expr, rule.name
+            continue
         if "node_infiniband_" in rule.expr and rule.kind == "fault":
             assert "device, port" in rule.expr, rule.name
             assert "Hostname" not in rule.node_labels, rule.name
-        elif "DCGM_" in rule.expr and rule.kind == "fault" and rule.name != "GpuMissing":
+        elif "DCGM_" in rule.expr and rule.kind == "fault":
             assert "gpu, UUID, pci_bus_id, modelName" in rule.expr, rule.name
+
+
+def test_infiniband_rules_select_the_same_devices_everywhere() -> None:
+    # Compute fabric only: one include and one exclude pattern on the HCA name, the same in every
+    # selector of every InfiniBand rule, so excluding a management HCA excludes it everywhere.
+    selectors: set[str] = set()
+    for rule in load_ruleset([PACK]).rules:
+        if rule.kind != "fault" or "node_infiniband_" not in rule.expr:
+            continue
+        metrics = re.findall(r"node_infiniband_[a-z_]+(\{[^}]*\})?", rule.expr)
+        assert metrics and all(metrics), f"{rule.name}: a node_infiniband_ selector without device matchers"
+        selectors.update(metrics)
+    assert len(selectors) == 1, sorted(selectors)
+    (selector,) = selectors
+    assert 'device=~"' in selector and 'device!~"' in selector
 
 
 def test_default_pack_as_prometheus_rules_passes_promtool(tmp_path: Path) -> None:
@@ -124,26 +147,66 @@ def _expand_alternatives(pattern: str) -> list[str]:
     ]
 
 
-def test_counters_csv_enables_every_dcgm_field_the_rules_read() -> None:
+def _csv_fields(path: Path) -> dict[str, str]:
+    """The counters CSV as {field name: metric type}, checking dcgm-exporter's line format."""
     fields: dict[str, str] = {}
-    lines = [ln for ln in COUNTERS_CSV.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     for row in csv.reader(lines, skipinitialspace=True):
         # dcgm-exporter reads this with encoding/csv: exactly three fields, no comma in the help.
         assert len(row) == 3, row
         name, kind, help_text = row
         assert kind in ("gauge", "counter", "label"), row
         assert help_text
+        assert name not in fields, f"{path.name}: {name} twice"
         fields[name] = kind
-    legacy = {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"}  # accepted by the rules for 3.x exporters
-    used: set[str] = set()
+    return fields
+
+
+def _known_fields(line: str) -> set[str]:
+    """The DCGM field names exporter ``line`` knows (tests/fixtures/dcgm-fields-<line>.txt)."""
+    rows = (FIXTURES / f"dcgm-fields-{line}.txt").read_text().splitlines()
+    return {row.split()[1] for row in rows if row.strip() and not row.startswith("#")}
+
+
+def _fields_read_by_pack() -> list[set[str]]:
+    """Each DCGM metric the pack reads, as the set of names that stand for it (a name regex lists
+    alternatives, such as field 112's 3.x and 4.x names)."""
+    read: list[set[str]] = []
     for rule in load_ruleset([PACK]).rules:
         for pattern in re.findall(r'__name__=~"([^"]+)"', rule.expr):
-            used.update(n for n in _expand_alternatives(pattern) if n.startswith("DCGM_"))
+            read.append({n for n in _expand_alternatives(pattern) if n.startswith("DCGM_")})
         plain = re.sub(r'__name__=~"[^"]+"', "", rule.expr)
-        used.update(re.findall(r"DCGM_(?:FI|EXP)_[A-Z0-9_]+", plain))
-    assert used, "the pack reads dcgm-exporter metrics"
-    assert used - legacy <= set(fields), sorted(used - legacy - set(fields))
-    for name in used - legacy:
+        read.extend({n} for n in re.findall(r"DCGM_(?:FI|EXP)_[A-Z0-9_]+", plain))
+    return [names for names in read if names]
+
+
+@pytest.mark.parametrize("line", ["3.x", "4.x"])
+def test_counters_csv_names_only_fields_its_exporter_line_knows(line: str) -> None:
+    # An exporter refuses to start when its CSV names a field its DCGM does not know: the whole
+    # node loses GPU metrics. So each CSV is held to the field list of its own exporter line.
+    fields = _csv_fields(COUNTERS_CSV[line])
+    unknown = set(fields) - _known_fields(line)
+    assert not unknown, f"counters-{line}.csv: fields dcgm-exporter {line} does not know: {sorted(unknown)}"
+
+
+def test_field_112_has_one_name_per_exporter_line() -> None:
+    assert "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" in _csv_fields(COUNTERS_CSV["3.x"])
+    assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" not in _known_fields("3.x")
+    assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" in _csv_fields(COUNTERS_CSV["4.x"])
+    assert "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" not in _known_fields("4.x")
+
+
+@pytest.mark.parametrize("line", ["3.x", "4.x"])
+def test_counters_csv_enables_every_dcgm_field_the_rules_read(line: str) -> None:
+    fields = _csv_fields(COUNTERS_CSV[line])
+    known = _known_fields(line)
+    read = _fields_read_by_pack()
+    assert read, "the pack reads dcgm-exporter metrics"
+    for names in read:
+        if not names & known:
+            continue  # a field this exporter line lacks (e.g. 1523 on 3.x): the rule falls back
+        assert names & set(fields), f"counters-{line}.csv enables none of {sorted(names)}"
+    for name in set(fields):
         expected = "counter" if name.endswith("_TOTAL") or "VOL_TOTAL" in name else None
         if expected:
             assert fields[name] == expected, name
