@@ -145,7 +145,7 @@ def fleet_status(
     for pool, nodes, out in session.execute(
         select(Node.pool, func.count(), func.sum(out_of_service)).group_by(Node.pool).order_by(Node.pool)
     ):
-        limit = PoolUsage(size=nodes).limit(safety)  # the same cap safety applies
+        limit = PoolUsage(size=nodes).limit(safety.limits())  # the same cap safety applies
         budgets.append(PoolBudget(pool=pool, nodes=nodes, out_of_service=int(out or 0), limit=limit))
     switches = {
         row.name: dict(row.value)

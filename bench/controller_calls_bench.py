@@ -35,17 +35,13 @@ from sqlalchemy import Engine, event
 
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.config import KubernetesSettings, SafetySettings, Settings
-from healer.engine.findings import Finding, TickFindings
-from healer.engine.states import FindingState
+from healer.controller import advance_drains, remediate
+from healer.model.findings import Finding, TickFindings
+from healer.model.states import FindingState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer.testing.k8s_emulator import KubernetesEmulator, node, pod
-
-try:  # the reshaped controller (issue 10)
-    from healer.controller import advance_drains, remediate
-except ImportError:  # before it
-    from healer.remediation import advance_drains, remediate  # type: ignore[no-redef]
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NODE = "gpu-00"
@@ -129,7 +125,11 @@ class World:
         self.settings = Settings(
             kubernetes=k8s,
             safety=SafetySettings(
-                dry_run=False, max_unhealthy=10, max_unhealthy_percent=100, breaker_nodes=100, breaker_percent=100
+                dry_run=False,
+                max_unhealthy=10,
+                max_unhealthy_percent=100,
+                breaker_nodes=100,
+                breaker_percent=100,
             ),
         )
         self.actions = KubernetesNodeActions(self.api, k8s, identity="bench", clock=lambda: T0)
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted(quiet)
     constant = len({len(quiet[s].sql) for s in sizes}) == 1
     ok = len(a.api) <= 5 and constant
-    print(f"targets: (a) <= 5 API calls: {len(a.api)}; (c) constant in nodes: {constant} -> {'OK' if ok else 'NOT MET'}")
+    verdict = "OK" if ok else "NOT MET"
+    print(f"targets: (a) <= 5 API calls: {len(a.api)}; (c) constant in nodes: {constant} -> {verdict}")
     return 0 if ok else 1
 
 

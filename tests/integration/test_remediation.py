@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer import operations
 from healer.actions.kubernetes import STRATEGIC_MERGE, KubernetesNodeActions
 from healer.config import KubernetesSettings, SafetySettings, Settings
-from healer.engine.findings import Finding, TickFindings
-from healer.engine.states import FindingState, NodeState
-from healer.remediation import RemediationResult, advance_drains, remediate
+from healer.controller import RemediationResult, advance_drains, remediate
+from healer.model.findings import Finding, TickFindings
+from healer.model.states import FindingState, NodeState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Action, Incident, Node, Ticket, Transition

@@ -7,10 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from healer.actions.base import DrainReport, NodeView
 from healer.engine import lifecycle as lc
-from healer.engine.findings import Finding
-from healer.engine.states import FindingState, NodeState, TicketStatus
+from healer.model.drain import DrainReport
+from healer.model.findings import Finding
+from healer.model.node import NodeView
+from healer.model.states import FindingState, NodeState, TicketStatus
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
@@ -536,3 +537,17 @@ def test_drain_blocked_names_pods_and_budgets() -> None:
     event = step.effects[0]
     assert isinstance(event, lc.Event) and event.reason == "HealerDrainBlocked"
     assert step.memory.blocked_step == "drain"
+
+
+def test_drain_round_only_when_the_drain_pass_asks() -> None:
+    assert lc.decide(facts(NodeState.DRAINING, incident=HELD, view=CORDONED, firing=HOT), CTX) is None
+    step = lc.decide(facts(NodeState.DRAINING, incident=HELD, view=CORDONED, firing=HOT, drain_due=True), CTX)
+    assert step is not None and step.row == "drain step" and step.to is None
+    assert step.kind == lc.StepKind.DRAIN and step.effects == (lc.DrainStep(),)
+
+
+def test_drain_starts_with_the_rule_options() -> None:
+    step = lc.decide(facts(NodeState.QUARANTINED, incident=HELD, view=CORDONED, firing=HOT), CTX)
+    assert step is not None
+    start = next(e for e in step.effects if isinstance(e, lc.StartDrain))
+    assert start.options.timeout_seconds == 3600.0 and start.options.concurrency == 8
