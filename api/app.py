@@ -13,7 +13,7 @@ inbound provider callbacks (when the tickets feature provides them), and ``/heal
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -24,6 +24,7 @@ from api.errors import install_error_handlers
 from api.rendering import STATIC_DIR
 from api.routes import api_v1, ops, pages, ticket_callbacks
 from healer import __version__
+from healer.clock import utc_now
 from healer.config import Settings
 from healer.metrics import HealerMetrics
 from healer.ruleset.schema import RuleSet
@@ -31,10 +32,6 @@ from healer.sources.prometheus_range import PrometheusRange
 
 #: The chart's range queries must not hold a page for the full detection timeout.
 CHART_TIMEOUT_SECONDS = 3.0
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 def create_app(
@@ -70,7 +67,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
-    app.state.clock = clock or _utc_now
+    app.state.clock = clock or utc_now
     app.state.ruleset_provider = ruleset_provider
     app.state.leader_provider = leader_provider
     app.state.metrics = metrics or HealerMetrics()

@@ -10,7 +10,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from fastapi import FastAPI
 from sqlalchemy import inspect
@@ -20,6 +20,7 @@ from api.app import create_app
 from healer.actions.dryrun import RecordingNodeActions
 from healer.actions.kubernetes import KubernetesNodeActions, make_api_client
 from healer.actions.lease import LeaderElector
+from healer.clock import utc_now
 from healer.config import Settings
 from healer.controller import Controller
 from healer.errors import StoreError
@@ -29,11 +30,6 @@ from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
-
-
-def utc_now() -> datetime:
-    """The one clock: aware UTC."""
-    return datetime.now(UTC)
 
 
 def default_identity() -> str:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeRef
+from healer.clock import utc_now
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.node import NodeEdit, NodeView, Ownership, TaintEffect
 from healer.model.states import ActionStatus
@@ -66,7 +67,7 @@ class RecordingNodeActions:
         sessions: sessionmaker[Session],
         *,
         actor: str = "healer",
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.reader = reader
         self.sessions = sessions

@@ -40,6 +40,7 @@ from kubernetes import client as k8s
 from healer.actions import drain as drain_mod
 from healer.actions.apierrors import api_call
 from healer.actions.base import NodeRef
+from healer.clock import utc_now
 from healer.config import KubernetesSettings
 from healer.errors import ConfigError, KubernetesConflict
 from healer.model.drain import DrainOptions, DrainReport
@@ -150,7 +151,7 @@ class KubernetesNodeActions:
         settings: KubernetesSettings,
         *,
         identity: str = "healer",
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.settings = settings
         self.identity = identity
