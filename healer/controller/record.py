@@ -191,22 +191,22 @@ class Recorder:
 
 
 def _remember(incident: Incident, step: lc.Step) -> None:
-    m = step.memory
-    if m.rule is not None:
-        incident.rule = m.rule
-    if m.cordoned_by_healer is not None:
-        incident.cordoned_by_healer = m.cordoned_by_healer
-    if m.forget_hold:
-        incident.expect_unschedulable = None
-    elif m.expect_unschedulable is not None:
-        incident.expect_unschedulable = m.expect_unschedulable
-    if m.blocked_step is not None:
-        incident.blocked_step = m.blocked_step
+    """Write the step's memory (``lifecycle.remember``) to the incident row."""
+    before = lc.IncidentFacts(
+        id=incident.id,
+        rule=incident.rule,
+        cordoned_by_healer=bool(incident.cordoned_by_healer),
+        expect_unschedulable=incident.expect_unschedulable,
+        blocked_step=incident.blocked_step,
+        clear_since=incident.clear_since,
+    )
+    after = lc.remember(before, step)
+    incident.rule = after.rule
+    incident.cordoned_by_healer = after.cordoned_by_healer
+    incident.expect_unschedulable = after.expect_unschedulable
+    incident.clear_since = after.clear_since
+    if step.memory.blocked_step is not None:
         incident.blocked_reason = step.reason
-    if m.reset_clear:
-        incident.clear_since = None
-    elif m.clear_since is not None:
-        incident.clear_since = m.clear_since
-    if step.to is not None and step.to != NodeState.BLOCKED and m.blocked_step is None:
-        incident.blocked_step = None
-        incident.blocked_reason = None
+    elif after.blocked_step is None:
+        incident.blocked_reason = None  # the step took the node out of blocked
+    incident.blocked_step = after.blocked_step

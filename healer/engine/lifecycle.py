@@ -813,17 +813,17 @@ def notices(facts: NodeFacts, ctx: Context) -> list[Step]:
     return out
 
 
-def apply_memory(
-    incident: IncidentFacts | None, step: Step, *, new_id: int | None = None
-) -> IncidentFacts | None:
-    """The incident facts after ``step`` (for chaining steps within one tick)."""
-    if step.close_incident is not None and not step.new_incident:
-        return None
-    if incident is None or step.new_incident:
-        if new_id is None:
-            return incident
-        incident = IncidentFacts(id=new_id)
+def remember(incident: IncidentFacts, step: Step) -> IncidentFacts:
+    """The incident's remediation memory after ``step`` (what the controller writes to its row).
+
+    A step that moves the node anywhere but ``blocked`` without blocking it forgets the blocked step.
+    """
     m = step.memory
+    blocked_step = incident.blocked_step
+    if m.blocked_step is not None:
+        blocked_step = m.blocked_step
+    elif step.to is not None and step.to != NodeState.BLOCKED:
+        blocked_step = None
     return replace(
         incident,
         rule=m.rule if m.rule is not None else incident.rule,
@@ -839,6 +839,20 @@ def apply_memory(
                 else incident.expect_unschedulable
             )
         ),
-        blocked_step=m.blocked_step if m.blocked_step is not None else incident.blocked_step,
+        blocked_step=blocked_step,
         clear_since=None if m.reset_clear else (m.clear_since or incident.clear_since),
     )
+
+
+def apply_memory(
+    incident: IncidentFacts | None, step: Step, *, new_id: int | None = None
+) -> IncidentFacts | None:
+    """The incident facts after ``step`` (for chaining steps within one tick): None once the step
+    closes the incident; a new incident (``new_id``) when the step opens one."""
+    if step.close_incident is not None and not step.new_incident:
+        return None
+    if incident is None or step.new_incident:
+        if new_id is None:
+            return incident
+        incident = IncidentFacts(id=new_id)
+    return remember(incident, step)

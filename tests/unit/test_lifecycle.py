@@ -551,3 +551,21 @@ def test_drain_starts_with_the_rule_options() -> None:
     assert step is not None
     start = next(e for e in step.effects if isinstance(e, lc.StartDrain))
     assert start.options.timeout_seconds == 3600.0 and start.options.concurrency == 8
+
+
+def test_memory_forgets_the_blocked_step_when_the_node_moves_on() -> None:
+    blocked = lc.decide(
+        facts(
+            NodeState.DRAINING,
+            incident=HELD,
+            view=CORDONED,
+            drain=DrainReport(done=False, blocked=True, blocked_pods=("a/b",)),
+        ),
+        CTX,
+    )
+    assert blocked is not None
+    after = lc.remember(HELD, blocked)
+    assert after.blocked_step == "drain" and after.expect_unschedulable is True
+    released = lc.decide(facts(NodeState.BLOCKED, incident=after, firing=HOT, view=view(owned=True)), CTX)
+    assert released is not None and released.to == NodeState.RELEASED
+    assert lc.remember(after, released).blocked_step is None
