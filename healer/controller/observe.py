@@ -131,6 +131,11 @@ def _incident_facts(session: Session, incident: Incident | None) -> lc.IncidentF
     status = session.scalar(
         select(Ticket.status).where(Ticket.incident_id == incident.id).order_by(Ticket.id.desc()).limit(1)
     )
+    return incident_facts(incident, ticket=TicketStatus(status) if status else None)
+
+
+def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) -> lc.IncidentFacts:
+    """The incident row's remediation memory as the lifecycle reads it."""
     return lc.IncidentFacts(
         id=incident.id,
         rule=incident.rule,
@@ -139,7 +144,7 @@ def _incident_facts(session: Session, incident: Incident | None) -> lc.IncidentF
         drain_started_at=incident.drain_started_at,
         blocked_step=incident.blocked_step,
         clear_since=incident.clear_since,
-        ticket=TicketStatus(status) if status else None,
+        ticket=ticket,
     )
 
 

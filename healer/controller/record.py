@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.controller.apply import Done
-from healer.controller.observe import recorded_findings
+from healer.controller.observe import incident_facts, recorded_findings
 from healer.engine import lifecycle as lc
 from healer.engine import safety
 from healer.model.drain import DrainReport
@@ -192,15 +192,7 @@ class Recorder:
 
 def _remember(incident: Incident, step: lc.Step) -> None:
     """Write the step's memory (``lifecycle.remember``) to the incident row."""
-    before = lc.IncidentFacts(
-        id=incident.id,
-        rule=incident.rule,
-        cordoned_by_healer=bool(incident.cordoned_by_healer),
-        expect_unschedulable=incident.expect_unschedulable,
-        blocked_step=incident.blocked_step,
-        clear_since=incident.clear_since,
-    )
-    after = lc.remember(before, step)
+    after = lc.remember(incident_facts(incident), step)
     incident.rule = after.rule
     incident.cordoned_by_healer = after.cordoned_by_healer
     incident.expect_unschedulable = after.expect_unschedulable
