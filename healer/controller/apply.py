@@ -32,10 +32,10 @@ class Done:
 
 @dataclass
 class Applied:
-    """What one step's effects did: the node after them, the effects done, the first error, and
-    the drain round's report (a ``DrainStep`` effect)."""
+    """What one step's effects did: the node after them (None: the node is gone), the effects
+    done, the first error, and the drain round's report (a ``DrainStep`` effect)."""
 
-    view: NodeView
+    view: NodeView | None
     done: list[Done] = field(default_factory=list)
     error: str | None = None
     drain: DrainReport | None = None
@@ -66,6 +66,7 @@ def apply(
     failed effect in ``done``.
     """
     applied = Applied(view=view)
+    node: NodeView = view
     effects = list(step.effects)
     status = actions.status
     i = 0
@@ -75,28 +76,28 @@ def apply(
             match effect:
                 case lc.Cordon() | lc.Taint():
                     edit, rows = _edit(effects, i, incident_id=incident_id, now=now, actor=actor)
-                    applied.view = actions.edit(applied.view, edit)
+                    applied.view = node = actions.edit(node, edit)
                     applied.done += [Done(kind, detail, status) for kind, detail in rows]
                     i += len(rows)
                     continue
                 case lc.SetCondition(healthy=healthy, reason=reason, message=message):
-                    applied.view = actions.set_condition(
-                        applied.view, healthy=healthy, reason=reason, message=message, now=now
+                    applied.view = node = actions.set_condition(
+                        node, healthy=healthy, reason=reason, message=message, now=now
                     )
                     applied.done.append(Done("condition", {"healthy": healthy, "reason": reason}, status))
                 case lc.Event(reason=reason, message=message, warning=warning, key=key):
-                    actions.event(applied.view, reason=reason, message=message, warning=warning, now=now)
+                    actions.event(node, reason=reason, message=message, warning=warning, now=now)
                     detail: dict[str, Any] = {"reason": reason, "message": message}
                     if key:
                         detail["key"] = key
                     applied.done.append(Done("notify" if key else "event", detail, status))
                 case lc.Release():
-                    applied.view = actions.release(applied.view, now=now)
+                    applied.view = node = actions.release(node, now=now)
                     applied.done.append(Done("release", {}, status))
                 case lc.DrainStep():
                     plan = drain or DrainPlan(started_at=now, options=DrainOptions())
                     applied.drain = actions.drain_step(
-                        applied.view, started_at=plan.started_at, now=now, options=plan.options
+                        node, started_at=plan.started_at, now=now, options=plan.options
                     )
                 case lc.StartDrain() | lc.RequestTicket():
                     pass

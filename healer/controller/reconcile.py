@@ -27,12 +27,13 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
-from healer.controller.apply import DrainPlan, apply
+from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.observe import Labels, Observation, Seen, observe
 from healer.controller.record import Recorder
 from healer.engine import lifecycle as lc
 from healer.engine import safety
 from healer.errors import KubernetesNotFound
+from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
 from healer.ruleset.schema import RuleSet
@@ -59,6 +60,20 @@ class NodeOutcome:
     step: str = ""
     refused: str | None = None
     error: str | None = None
+
+
+@dataclass
+class _Plan:
+    """One step as decided and judged: the step (None = nothing to do), the notices approved, the
+    refusal (and whether it blocked the node), and what applying it needs."""
+
+    from_state: str
+    step: lc.Step | None
+    notices: list[lc.Step]
+    incident_id: int | None
+    drain: DrainPlan
+    refusal: safety.Decision | None = None
+    blocked: bool = False
 
 
 @dataclass
@@ -98,89 +113,112 @@ class Reconciler:
         ``drain_due`` (the drain pass) lets a draining node take one drain round, then the step its
         report calls for. Returns the safety state (budget used so far) and the node's outcome.
         """
-        firing = list(self.findings.firing.get(name, ())) if self.findings else []
         outcome: NodeOutcome | None = None
-        drain_report = None
+        report: DrainReport | None = None
         for i in range(max_steps):
-            # observe → decide → judge (a refusal is recorded in the same transaction)
-            with transaction(self.sessions) as session:
-                obs = observe(
-                    session,
-                    name,
-                    seen,
-                    labels=self.labels,
-                    findings=self.findings,
-                    now=self.now,
-                    drain_due=drain_due,
-                    drain=drain_report,
-                )
-                outcome = outcome or NodeOutcome(name, obs.node.state, None)
-                notices = lc.notices(obs.facts, self.ctx) if i == 0 else []
-                notices, state = self._judge_notices(session, obs, notices, state)
-                step = lc.decide(obs.facts, self.ctx)
-                refusal: safety.Decision | None = None
-                if step is not None:
-                    decision, state = safety.judge(self._request(obs, step), state)
-                    if not decision.approved:
-                        refusal = decision
-                        moved = self.record.refusal(session, obs.node, step, decision)
-                        if decision.reason == safety.Refusal.BREAKER and name not in self.held:
-                            self.held.append(name)
-                incident_id = obs.facts.incident.id if obs.facts.incident else None
-                plan = DrainPlan(
-                    started_at=(obs.incident.drain_started_at if obs.incident else None) or self.now,
-                    options=obs.drain_options,
-                )
-            for notice in notices:
+            plan, state = self._plan(name, seen, state, notices=i == 0, drain_due=drain_due, report=report)
+            outcome = outcome or NodeOutcome(name, plan.from_state, None)
+            for notice in plan.notices:
                 self._notify(name, seen, notice)
+            step = plan.step
             if step is None:
                 return state, outcome
-            if refusal is not None:
-                to = NodeState.BLOCKED.value if moved else outcome.to_state
-                return state, replace(outcome, to_state=to, step=step.row, refused=str(refusal.reason))
-
-            # apply (no transaction open)
+            if plan.refusal is not None:
+                to = NodeState.BLOCKED.value if plan.blocked else outcome.to_state
+                return state, replace(outcome, to_state=to, step=step.row, refused=str(plan.refusal.reason))
             try:
-                applied = (
-                    apply(
-                        self.actions,
-                        seen.view,
-                        step,
-                        incident_id=incident_id,
-                        now=self.now,
-                        actor=self.actor,
-                        drain=plan,
-                    )
-                    if seen.view is not None
-                    else None
-                )
+                applied = self._apply(seen, plan)
             except KubernetesNotFound:
-                seen, drain_report = Seen(None, deleted=True), None
+                seen, report = Seen(None, deleted=True), None
                 continue
-
-            # record
-            with transaction(self.sessions) as session:
-                node = repo.get_or_create_node(session, name, now=self.now)
-                done = applied.done if applied else []
-                error = applied.error if applied else None
-                if any(isinstance(e, lc.DrainStep) for e in step.effects):
-                    report = applied.drain if applied else None
-                    self.record.drain_progress(session, node, error=error, report=report)
-                    done = [d for d in done if d.kind != "drainstep"]  # the drain row holds the round
-                if error is not None:
-                    self.record.effects(session, node, repo.open_incident(session, node), done, step)
-                    return state, replace(outcome, step=step.row, error=error)
-                self.record.step(session, node, step, done, firing=firing)
-            if applied is not None:
-                seen = Seen(applied.view)
-                drain_report = applied.drain
-            if applied is not None and applied.drain is not None:
-                continue  # the round's report decides the next step
+            if applied.error is not None:
+                self._record(name, plan, applied)
+                return state, replace(outcome, step=step.row, error=applied.error)
+            self._record(name, plan, applied)
+            seen, report = Seen(applied.view, deleted=seen.deleted), applied.drain
+            if report is not None:
+                continue  # the drain round's report decides the next step
             outcome = replace(outcome, to_state=str(step.to) if step.to else outcome.to_state, step=step.row)
             if step.to is None or step.to in _SETTLED:
                 return state, outcome
         assert outcome is not None
         return state, outcome
+
+    # -- the stages --
+
+    def _plan(
+        self,
+        name: str,
+        seen: Seen,
+        state: safety.SafetyState,
+        *,
+        notices: bool,
+        drain_due: bool,
+        report: DrainReport | None,
+    ) -> tuple[_Plan, safety.SafetyState]:
+        """Observe → decide → judge, in one transaction (a refusal is recorded there)."""
+        with transaction(self.sessions) as session:
+            obs = observe(
+                session,
+                name,
+                seen,
+                labels=self.labels,
+                findings=self.findings,
+                now=self.now,
+                drain_due=drain_due,
+                drain=report,
+            )
+            wanted = lc.notices(obs.facts, self.ctx) if notices else []
+            approved, state = self._judge_notices(session, obs, wanted, state)
+            plan = _Plan(
+                from_state=obs.node.state,
+                step=lc.decide(obs.facts, self.ctx),
+                notices=approved,
+                incident_id=obs.incident.id if obs.incident else None,
+                drain=DrainPlan(
+                    started_at=(obs.incident.drain_started_at if obs.incident else None) or self.now,
+                    options=obs.drain_options,
+                ),
+            )
+            if plan.step is not None:
+                decision, state = safety.judge(self._request(obs, plan.step), state)
+                if not decision.approved:
+                    plan.refusal = decision
+                    plan.blocked = self.record.refusal(session, obs.node, plan.step, decision)
+                    if decision.reason == safety.Refusal.BREAKER and name not in self.held:
+                        self.held.append(name)
+        return plan, state
+
+    def _apply(self, seen: Seen, plan: _Plan) -> Applied:
+        """The step's effects on the node as last seen (no transaction open)."""
+        assert plan.step is not None
+        if seen.view is None:  # a deleted node: its step is a record only
+            return Applied(view=None)
+        return apply(
+            self.actions,
+            seen.view,
+            plan.step,
+            incident_id=plan.incident_id,
+            now=self.now,
+            actor=self.actor,
+            drain=plan.drain,
+        )
+
+    def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
+        """The step (or its failure) in one transaction; a drain round updates the drain's row."""
+        step = plan.step
+        assert step is not None
+        firing = list(self.findings.firing.get(name, ())) if self.findings else []
+        with transaction(self.sessions) as session:
+            node = repo.get_or_create_node(session, name, now=self.now)
+            done = applied.done
+            if any(isinstance(e, lc.DrainStep) for e in step.effects):
+                self.record.drain_progress(session, node, error=applied.error, report=applied.drain)
+                done = [d for d in done if d.kind != "drainstep"]  # the drain's row holds the round
+            if applied.error is not None:
+                self.record.effects(session, node, repo.open_incident(session, node), done, step)
+            else:
+                self.record.step(session, node, step, done, firing=firing)
 
     # -- helpers --
 

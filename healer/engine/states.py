@@ -1,6 +1,6 @@
 """Moved to :mod:`healer.model.states`; re-exported while other branches still import it here."""
 
-from healer.model.states import (  # noqa: F401
+from healer.model.states import (
     OUT_OF_SERVICE,
     ActionStatus,
     FindingState,
@@ -9,3 +9,13 @@ from healer.model.states import (  # noqa: F401
     RuleHealth,
     TicketStatus,
 )
+
+__all__ = [
+    "OUT_OF_SERVICE",
+    "ActionStatus",
+    "FindingState",
+    "NodeState",
+    "OutboxStatus",
+    "RuleHealth",
+    "TicketStatus",
+]
