@@ -11,16 +11,17 @@ class DrainOptions:
 
     ``timeout_seconds``: from the drain's start until it is reported blocked (seconds).
     ``grace_period_seconds``: given to each eviction; -1 = the pod's own
-    ``terminationGracePeriodSeconds``. ``concurrency``: evictions in flight at once.
+    ``terminationGracePeriodSeconds``. ``concurrency``: evictions in flight at once. The defaults
+    are the rule schema's (``healer.ruleset.schema.DrainAction``).
     """
 
-    timeout_seconds: float = 600.0
+    timeout_seconds: float = 3600.0
     grace_period_seconds: int = -1
     delete_emptydir_data: bool = False
     ignore_daemonsets: bool = True
     force: bool = False
     delete_after_timeout: bool = False
-    concurrency: int = 5
+    concurrency: int = 8
 
 
 @dataclass(frozen=True)

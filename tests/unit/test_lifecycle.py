@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from healer.engine import lifecycle as lc
-from healer.model.drain import DrainReport
+from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding
 from healer.model.node import NodeView
 from healer.model.states import FindingState, NodeState, TicketStatus
-from healer.ruleset.schema import Rule, RuleGroup, RuleSet
+from healer.ruleset.schema import DrainAction, Rule, RuleGroup, RuleSet
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 
@@ -569,3 +569,14 @@ def test_memory_forgets_the_blocked_step_when_the_node_moves_on() -> None:
     released = lc.decide(facts(NodeState.BLOCKED, incident=after, firing=HOT, view=view(owned=True)), CTX)
     assert released is not None and released.to == NodeState.RELEASED
     assert lc.remember(after, released).blocked_step is None
+
+
+def test_a_rule_drain_without_options_drains_with_the_default_options() -> None:
+    assert DrainAction().options() == DrainOptions()
+    custom = DrainAction(timeout=60, grace_period=5, force=True, concurrency=2).options()
+    assert (custom.timeout_seconds, custom.grace_period_seconds, custom.force, custom.concurrency) == (
+        60,
+        5,
+        True,
+        2,
+    )
