@@ -158,6 +158,7 @@ def remediate(
     seen = {name: read(actions, name) for name in names if not backoff.waiting(name, now)}
     with transaction(session_factory) as session:
         pools = {name: rec.labels.pool(s.view) for name, s in seen.items() if s.view is not None}
+        pools = {name: pool for name, pool in pools.items() if not fleet or fleet.get(name) != pool}
         if pools:
             repo.sync_nodes(session, pools, now=now, fleet_wide=False)
         rows = session.execute(select(Node.name, Node.state).where(Node.name.in_(names)))
