@@ -12,7 +12,7 @@ import binascii
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -42,7 +42,7 @@ from api.schemas import (
 )
 from healer.config import SafetySettings
 from healer.engine.safety import PoolUsage
-from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState, OutboxStatus, TicketStatus
+from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.models import (
@@ -51,17 +51,15 @@ from healer.store.models import (
     Gpu,
     Incident,
     Node,
-    OutboxMessage,
     RuleEvaluation,
     Switch,
     Ticket,
     Transition,
 )
 from healer.tickets import service as tickets_service
+from healer.tickets.views import CLOSED_TICKETS, ticket_views
 
 ACTIVE_FINDINGS = (FindingState.PENDING, FindingState.FIRING)
-#: Ticket statuses after which nothing more happens on the provider's side.
-CLOSED_TICKETS = (TicketStatus.RESOLVED, TicketStatus.REJECTED, TicketStatus.FAILED, TicketStatus.CLOSED)
 MAX_LIMIT = 500
 #: The rules ever evaluated (within retention), for when no rule set is loaded. A loose index scan
 #: on ``(rule, evaluated_at)``: one index seek per rule, where DISTINCT would read every evaluation.
@@ -145,7 +143,7 @@ def fleet_status(
     for pool, nodes, out in session.execute(
         select(Node.pool, func.count(), func.sum(out_of_service)).group_by(Node.pool).order_by(Node.pool)
     ):
-        limit = PoolUsage(size=nodes).limit(safety)  # the same cap safety applies
+        limit = PoolUsage(size=nodes).limit(safety.limits())  # the same cap safety applies
         budgets.append(PoolBudget(pool=pool, nodes=nodes, out_of_service=int(out or 0), limit=limit))
     switches = {
         row.name: dict(row.value)
@@ -601,50 +599,17 @@ def ticket_rows(
     session: Session, tickets: Sequence[Ticket], node_names: dict[int, str] | None, *, now: datetime
 ) -> list[TicketOut]:
     """Tickets with timings and their latest delivery error (one outbox query for all of them)."""
-    if not tickets:
-        return []
-    names = node_names if node_names is not None else _node_names(session, (t.node_id for t in tickets))
-    latest_message: dict[int, OutboxMessage] = {}
-    for message in session.scalars(
-        select(OutboxMessage)
-        .where(OutboxMessage.ticket_id.in_([t.id for t in tickets]))
-        .order_by(OutboxMessage.created_at.desc(), OutboxMessage.id.desc())
-    ):
-        latest_message.setdefault(message.ticket_id, message)
-    out = []
-    for t in tickets:
-        msg = latest_message.get(t.id)
-        started = t.sent_at or t.created_at
-        delivery_error = t.last_error
-        if msg is not None and msg.last_error and msg.status != OutboxStatus.DELIVERED:
-            code = f"HTTP {msg.last_status_code}: " if msg.last_status_code else ""
-            delivery_error = f"{code}{msg.last_error}"
-        out.append(
-            TicketOut(
-                id=t.id,
-                incident_id=t.incident_id,
-                node=names.get(t.node_id, ""),
-                provider=t.provider,
-                status=t.status,
-                open=t.status not in CLOSED_TICKETS,
-                external_id=t.external_id,
-                escalated=t.escalated,
-                reason=t.reason,
-                created_at=t.created_at,
-                sent_at=t.sent_at,
-                acknowledged_at=t.acknowledged_at,
-                resolved_at=t.resolved_at,
-                closed_by=t.closed_by,
-                age_seconds=(now - t.created_at).total_seconds(),
-                time_to_acknowledge_seconds=(t.acknowledged_at - started).total_seconds()
-                if t.acknowledged_at
-                else None,
-                time_to_repair_seconds=(t.resolved_at - started).total_seconds() if t.resolved_at else None,
-                delivery_attempts=msg.attempts if msg is not None else 0,
-                delivery_error=delivery_error,
-            )
+    return [
+        TicketOut(
+            **asdict(view),
+            open=view.open,
+            age_seconds=(now - view.created_at).total_seconds(),
+            time_to_acknowledge_seconds=view.time_to_acknowledge_seconds,
+            time_to_repair_seconds=view.time_to_repair_seconds,
+            delivery_attempts=view.attempts,
         )
-    return out
+        for view in ticket_views(session, tickets, node_names=node_names)
+    ]
 
 
 def list_tickets(

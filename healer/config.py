@@ -20,6 +20,8 @@ from pydantic_settings import (
 )
 
 from healer.errors import ConfigError
+from healer.model import limits as engine_limits
+from healer.model.limits import SafetyLimits
 
 #: Days of a maintenance window, as the settings spell them.
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -105,6 +107,11 @@ class MaintenanceWindow(_Group):
     start: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC.")
     end: str = Field(..., pattern=r"^\d\d:\d\d$", description="HH:MM, UTC; may be before start (overnight).")
 
+    def limits(self) -> engine_limits.MaintenanceWindow:
+        """The window as the pure engine takes it."""
+        days = tuple(self.days)
+        return engine_limits.MaintenanceWindow(start=self.start, end=self.end, pool=self.pool, days=days)
+
 
 class SafetySettings(_Group):
     """The limits that keep healer from making things worse."""
@@ -130,9 +137,17 @@ class SafetySettings(_Group):
     recovery_hold_seconds: float = Field(
         300.0, ge=0, description="A repaired node must stay clear this long before it returns to service."
     )
-    stale_after_seconds: float = Field(
-        120.0, gt=0, description="A node whose exporter has not reported for this long is 'unknown'."
-    )
+
+    def limits(self) -> SafetyLimits:
+        """The limits as the pure engine takes them (no pydantic in ``healer.engine``)."""
+        return SafetyLimits(
+            max_unhealthy=self.max_unhealthy,
+            max_unhealthy_percent=self.max_unhealthy_percent,
+            breaker_nodes=self.breaker_nodes,
+            breaker_percent=self.breaker_percent,
+            breaker_window_seconds=self.breaker_window_seconds,
+            maintenance_windows=tuple(w.limits() for w in self.maintenance_windows),
+        )
 
 
 class ProviderSettings(_Group):

@@ -18,12 +18,13 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.clock import utc_now
 from healer.config import Settings
 from healer.errors import StoreError
 from healer.store import migrate
@@ -42,11 +43,6 @@ if TYPE_CHECKING:
     from healer.ruleset.schema import RuleSet
     from healer.sources.prometheus import PrometheusSource
     from healer.sources.prometheus_range import PrometheusRange
-
-def utc_now() -> datetime:
-    """The one clock: aware UTC."""
-    return datetime.now(UTC)
-
 
 def default_identity() -> str:
     """This replica's name for the Lease: the pod name in a cluster (``HOSTNAME``), else host+pid."""

@@ -28,20 +28,17 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 
+from healer.clock import utc_now
 from healer.errors import SignatureError
 from healer.tickets import signing
 
 log = logging.getLogger(__name__)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -94,7 +91,7 @@ class Receiver:
     ack_after: float | None = None
     resolve_after: float | None = None
     max_skew_seconds: float | None = None
-    clock: Callable[[], datetime] = _utcnow
+    clock: Callable[[], datetime] = utc_now
 
     requests: list[ReceivedRequest] = field(default_factory=list, init=False)
     callbacks: list[Callback] = field(default_factory=list, init=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from healer.testing.prometheus import free_port, stop_process, wait_until
+from healer_dev.prometheus import free_port, stop_process, wait_until
 
 #: sysfs `ports/<n>/state` and `phys_state` texts (Linux drivers/infiniband/core/sysfs.c).
 PORT_STATES = {1: "1: DOWN", 2: "2: INIT", 3: "3: ARMED", 4: "4: ACTIVE"}

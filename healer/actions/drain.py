@@ -40,29 +40,11 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from healer.actions.apierrors import api_call
-from healer.actions.base import DrainReport
+from healer.model.drain import DrainOptions, DrainReport
 
 log = logging.getLogger(__name__)
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-
-
-@dataclass(frozen=True)
-class DrainOptions:
-    """kubectl drain's options, as a rule's ``drain`` action sets them.
-
-    ``timeout_seconds``: from the drain's start until it is reported blocked (seconds).
-    ``grace_period_seconds``: given to each eviction; -1 = the pod's own
-    ``terminationGracePeriodSeconds``. ``concurrency``: evictions in flight at once.
-    """
-
-    timeout_seconds: float = 600.0
-    grace_period_seconds: int = -1
-    delete_emptydir_data: bool = False
-    ignore_daemonsets: bool = True
-    force: bool = False
-    delete_after_timeout: bool = False
-    concurrency: int = 5
 
 
 class Disposition(StrEnum):

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import datetime
 from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.actions.base import DrainReport, NodeView, Ownership, TaintEffect
-from healer.engine.states import ActionStatus
+from healer.actions.base import NodeRef
+from healer.clock import utc_now
+from healer.model.drain import DrainOptions, DrainReport
+from healer.model.node import NodeEdit, NodeView, Ownership, TaintEffect
+from healer.model.states import ActionStatus
 from healer.store.models import Incident, Node
 from healer.store.nodes import open_incident, record_action
 from healer.store.session import transaction
@@ -38,9 +42,7 @@ class NodeReader(Protocol):
 
     def read_node(self, name: str) -> NodeView: ...
 
-    def plan_drain(
-        self, name: str, *, delete_emptydir_data: bool, ignore_daemonsets: bool, force: bool
-    ) -> DrainReport: ...
+    def plan_drain(self, name: str, *, options: DrainOptions) -> DrainReport: ...
 
 
 class RecordingNodeActions:
@@ -51,7 +53,13 @@ class RecordingNodeActions:
         sessions: sessionmaker of healer's database; each record commits on its own.
         actor: the ``actor`` of recorded rows.
         clock: aware-UTC ``now`` for calls that carry no time (the composition root's clock).
+
+    Reads show the node as healer would have left it: a node the open incident expects cordoned
+    reads unschedulable (else the missing cordon would look like a human uncordon).
     """
+
+    #: Writes are recorded here as ``dry_run`` rows; the controller adds none of its own for them.
+    status = ActionStatus.DRY_RUN
 
     def __init__(
         self,
@@ -59,7 +67,7 @@ class RecordingNodeActions:
         sessions: sessionmaker[Session],
         *,
         actor: str = "healer",
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.reader = reader
         self.sessions = sessions
@@ -94,62 +102,80 @@ class RecordingNodeActions:
         log.info("dry-run: would %s node %s: %s", kind, name, detail)
 
     def read_node(self, name: str) -> NodeView:
-        """The real node (raises ``KubernetesNotFound`` when it is gone)."""
-        return self.reader.read_node(name)
+        """The real node, with the cordon healer would have left on it (raises
+        ``KubernetesNotFound`` when it is gone)."""
+        view = self.reader.read_node(name)
+        with self.sessions() as session:
+            expected = session.scalar(
+                select(Incident.expect_unschedulable)
+                .join(Node, Node.id == Incident.node_id)
+                .where(Node.name == name, Incident.closed_at.is_(None))
+            )
+        return view if expected is None else replace(view, unschedulable=expected)
 
-    def cordon(self, name: str, ownership: Ownership) -> None:
+    def _view(self, node: NodeRef) -> NodeView:
+        return node if isinstance(node, NodeView) else self.read_node(node)
+
+    def edit(self, node: NodeRef, change: NodeEdit) -> NodeView:
+        """Record ``cordon`` (incident, reason, since), ``taint`` (value, effect) and ``release``, one
+        row each; returns the node as the edit would leave it (cordoned)."""
+        view = self._view(node)
+        if change.cordon is not None:
+            own = change.cordon
+            self._record(
+                "cordon",
+                view.name,
+                now=own.at,
+                incident_id=own.incident_id,
+                detail={"reason": own.reason, "since": own.at.isoformat(), "by": own.actor},
+            )
+            view = replace(view, unschedulable=True)
+        if change.taint is not None:
+            value, effect = change.taint
+            self._record("taint", view.name, now=self.clock(), detail={"value": value, "effect": effect})
+        if change.release:
+            self._record("release", view.name, now=self.clock(), detail={})
+        return view
+
+    def cordon(self, node: NodeRef, ownership: Ownership) -> NodeView:
         """Record ``cordon`` (incident, reason, since)."""
-        self._record(
-            "cordon",
-            name,
-            now=ownership.at,
-            incident_id=ownership.incident_id,
-            detail={"reason": ownership.reason, "since": ownership.at.isoformat(), "by": ownership.actor},
-        )
+        return self.edit(node, NodeEdit(cordon=ownership))
 
-    def taint(self, name: str, *, value: str, effect: TaintEffect) -> None:
+    def taint(self, node: NodeRef, *, value: str, effect: TaintEffect) -> NodeView:
         """Record ``taint`` (value, effect)."""
-        self._record("taint", name, now=self.clock(), detail={"value": value, "effect": effect})
+        return self.edit(node, NodeEdit(taint=(value, effect)))
 
-    def set_condition(self, name: str, *, healthy: bool, reason: str, message: str, now: datetime) -> None:
+    def set_condition(
+        self, node: NodeRef, *, healthy: bool, reason: str, message: str, now: datetime
+    ) -> NodeView:
         """Record ``condition`` (healthy, reason, message)."""
+        view = self._view(node)
         self._record(
-            "condition", name, now=now, detail={"healthy": healthy, "reason": reason, "message": message}
+            "condition", view.name, now=now, detail={"healthy": healthy, "reason": reason, "message": message}
         )
+        return view
 
     def event(
-        self, name: str, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
+        self, node: NodeRef, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
     ) -> None:
         """Record ``event`` (reason, message, type)."""
         self._record(
             "event",
-            name,
+            node.name if isinstance(node, NodeView) else node,
             now=now or self.clock(),
             detail={"reason": reason, "message": message, "type": "Warning" if warning else "Normal"},
         )
 
     def drain_step(
-        self,
-        name: str,
-        *,
-        started_at: datetime,
-        now: datetime,
-        timeout_seconds: float,
-        grace_period_seconds: int,
-        delete_emptydir_data: bool,
-        ignore_daemonsets: bool,
-        force: bool,
-        delete_after_timeout: bool,
-        concurrency: int,
+        self, node: NodeRef, *, started_at: datetime, now: datetime, options: DrainOptions
     ) -> DrainReport:
         """Record ``drain`` with what a drain would do now (from the node's real pods).
 
         Returns the plan (``dry_run=True``): ``done`` unless kubectl's filters would refuse, with
         ``evicted`` listing the pods a drain would evict.
         """
-        report = self.reader.plan_drain(
-            name, delete_emptydir_data=delete_emptydir_data, ignore_daemonsets=ignore_daemonsets, force=force
-        )
+        name = node.name if isinstance(node, NodeView) else node
+        report = self.reader.plan_drain(name, options=options)
         self._record(
             "drain",
             name,
@@ -158,17 +184,19 @@ class RecordingNodeActions:
                 "would_evict": list(report.evicted),
                 "kept": list(report.kept),
                 "refused": dict(report.refused),
-                "timeout_seconds": timeout_seconds,
-                "grace_period_seconds": grace_period_seconds,
-                "delete_emptydir_data": delete_emptydir_data,
-                "ignore_daemonsets": ignore_daemonsets,
-                "force": force,
-                "delete_after_timeout": delete_after_timeout,
-                "concurrency": concurrency,
+                "timeout_seconds": options.timeout_seconds,
+                "grace_period_seconds": options.grace_period_seconds,
+                "delete_emptydir_data": options.delete_emptydir_data,
+                "ignore_daemonsets": options.ignore_daemonsets,
+                "force": options.force,
+                "delete_after_timeout": options.delete_after_timeout,
+                "concurrency": options.concurrency,
             },
         )
         return report
 
-    def release(self, name: str, *, now: datetime | None = None) -> None:
+    def release(self, node: NodeRef, *, now: datetime | None = None) -> NodeView:
         """Record ``release``."""
-        self._record("release", name, now=now or self.clock(), detail={})
+        view = self._view(node)
+        self._record("release", view.name, now=now or self.clock(), detail={})
+        return view

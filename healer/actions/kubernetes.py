@@ -17,9 +17,14 @@ Every ``ApiException`` becomes a :class:`healer.errors.KubernetesError` (404 →
 409 → ``KubernetesConflict``, 429 → ``KubernetesTooManyRequests``) with the exception as
 ``__cause__``; transport failures become a ``KubernetesError`` with ``status=None``.
 
-Facts: ``spec.taints`` has no patch merge key in the Node schema (an atomic list), so a taint change
-sends the whole list with ``metadata.resourceVersion`` as a precondition and retries on 409, the
-way ``kubectl taint`` does; ``status.conditions`` merges by ``type`` on the ``/status`` subresource
+One write per step: a step's cordon, taint and ownership annotations (or their removal) go in ONE
+strategic-merge patch computed from the node as the reconcile read it, carrying its
+``metadata.resourceVersion`` as a precondition; on 409 the node is re-read and the patch sent once
+more (a second 409 is reported as ``KubernetesConflict``). ``spec.taints`` has no patch merge key
+in the Node schema (an atomic list), so the patch carries the whole list, as ``kubectl taint``
+does. The condition is one ``/status`` patch; Events take the node's UID from the same read.
+
+Facts: ``status.conditions`` merges by ``type`` on the ``/status`` subresource
 (node-problem-detector's convention). Kubernetes API reference, "Node v1 core".
 """
 
@@ -34,15 +39,27 @@ from kubernetes import client as k8s
 
 from healer.actions import drain as drain_mod
 from healer.actions.apierrors import api_call
-from healer.actions.base import DrainReport, NodeView, Ownership, OwnershipKeys, TaintEffect
+from healer.actions.base import NodeRef
+from healer.clock import utc_now
 from healer.config import KubernetesSettings
 from healer.errors import ConfigError, KubernetesConflict
+from healer.model.drain import DrainOptions, DrainReport
+from healer.model.node import (
+    Condition,
+    NodeEdit,
+    NodeView,
+    Ownership,
+    OwnershipKeys,
+    TaintEffect,
+    human_uncordoned,
+)
+from healer.model.states import ActionStatus
 
 log = logging.getLogger(__name__)
 
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
-#: Read-modify-write attempts when ``resourceVersion`` moved on under us (409).
-CONFLICT_RETRIES = 5
+#: Patches sent for one edit: the first, and one more after a 409 and a re-read.
+CONFLICT_ATTEMPTS = 2
 #: events.k8s.io/v1 rejects a ``note`` longer than 1 kB.
 EVENT_NOTE_MAX = 1024
 #: Node Events live in "default", as the kubelet records them.
@@ -82,8 +99,20 @@ def make_api_client(settings: KubernetesSettings) -> k8s.ApiClient:
 def node_view(node: k8s.V1Node) -> NodeView:
     """The :class:`NodeView` of a client ``V1Node``."""
     meta, spec, status = drain_mod.metadata_of(node), node.spec, node.status
-    taints = tuple((t.key, t.value or "", t.effect) for t in (spec.taints if spec else None) or [])
-    conditions = {c.type: c.status for c in (status.conditions if status else None) or []}
+    raw_taints = (spec.taints if spec else None) or []
+    taints = tuple((t.key, t.value or "", t.effect) for t in raw_taints)
+    added = {(t.key, t.effect): _utc_iso(t.time_added) for t in raw_taints if t.time_added}
+    raw_conditions = (status.conditions if status else None) or []
+    conditions = {c.type: c.status for c in raw_conditions}
+    details = {
+        c.type: Condition(
+            status=c.status,
+            reason=c.reason or "",
+            message=c.message or "",
+            last_transition_time=_utc_iso(c.last_transition_time) if c.last_transition_time else "",
+        )
+        for c in raw_conditions
+    }
     return NodeView(
         name=str(meta.name),
         unschedulable=bool(spec and spec.unschedulable),
@@ -93,6 +122,8 @@ def node_view(node: k8s.V1Node) -> NodeView:
         conditions=conditions,
         uid=meta.uid or "",
         resource_version=meta.resource_version or "",
+        condition_details=details,
+        taint_added=added,
     )
 
 
@@ -112,13 +143,16 @@ class KubernetesNodeActions:
             composition root provides it.
     """
 
+    #: A write changes the cluster (the controller records its audit rows).
+    status = ActionStatus.SUCCEEDED
+
     def __init__(
         self,
         api_client: k8s.ApiClient,
         settings: KubernetesSettings,
         *,
         identity: str = "healer",
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.settings = settings
         self.identity = identity
@@ -156,11 +190,96 @@ class KubernetesNodeActions:
         return pools
 
     def human_uncordoned(self, name: str) -> bool:
-        """Read the node: did a human uncordon it after healer cordoned it? (see ``base.human_uncordoned``)"""
-        view = self.read_node(name)
-        return self.keys.cordoned_by in view.annotations and not view.unschedulable
+        """Read the node: did a human uncordon it after healer cordoned it?"""
+        return human_uncordoned(self.read_node(name), domain=self.settings.domain)
+
+    def _view(self, node: NodeRef) -> NodeView:
+        return node if isinstance(node, NodeView) else self.read_node(node)
 
     # -- writes --
+
+    def edit(self, node: NodeRef, change: NodeEdit) -> NodeView:
+        """Cordon, taint, annotate or release in ONE patch carrying the node's ``resourceVersion``.
+
+        Computed from ``node`` as read (a name is read first); nothing is sent when the node is
+        already as wanted. On 409 (someone wrote in between) the node is re-read and the patch
+        recomputed and sent once more. Returns the node as the API server answered.
+
+        Cordon: a node already unschedulable that healer did not cordon (a human or another tool
+        did) keeps its cordon and gets no ``cordoned-by``, so a release never uncordons it (kured's
+        rule); ``since`` keeps its first value within an incident. Taint: healer's one taint
+        ``<domain>/quarantined=<value>:<effect>`` replaces an older one of healer's; other taints are
+        kept. Release: healer's taint and annotations removed; uncordoned only when ``cordoned-by``
+        says healer cordoned.
+
+        Raises:
+            KubernetesConflict: still conflicting after the re-read.
+            KubernetesNotFound: the node is gone.
+        """
+        view = self._view(node)
+        for attempt in range(CONFLICT_ATTEMPTS):
+            body = self._edit_body(view, change)
+            if body is None:
+                return view
+            body.setdefault("metadata", {})["resourceVersion"] = view.resource_version
+            try:
+                return node_view(self._patch(view.name, body, _what(change)))
+            except KubernetesConflict:
+                if attempt + 1 == CONFLICT_ATTEMPTS:
+                    raise
+                log.info("%s node %s: conflict, re-reading", _what(change), view.name)
+                view = self.read_node(view.name)
+        raise AssertionError("unreachable")
+
+    def _edit_body(self, view: NodeView, change: NodeEdit) -> dict[str, Any] | None:
+        keys, annotations = self.keys, view.annotations
+        meta: dict[str, str | None] = {}
+        spec: dict[str, Any] = {}
+        taints = [_taint_body(t, view) for t in view.taints]
+        if change.cordon is not None:
+            own = change.cordon
+            same_incident = annotations.get(keys.incident) == str(own.incident_id)
+            wanted = {
+                keys.reason: own.reason,
+                keys.incident: str(own.incident_id),
+                keys.since: (same_incident and annotations.get(keys.since)) or _utc_iso(own.at),
+            }
+            if not view.unschedulable:
+                wanted[keys.cordoned_by] = own.actor
+                spec["unschedulable"] = True
+            elif keys.cordoned_by in annotations:
+                wanted[keys.cordoned_by] = annotations[keys.cordoned_by]
+            else:
+                log.info(
+                    "node %s is already cordoned by someone else: healer will not uncordon it", view.name
+                )
+            meta.update({k: v for k, v in wanted.items() if annotations.get(k) != v})
+        if change.taint is not None:
+            value, effect = change.taint
+            ours = [t for t in view.taints if t[0] == self.taint_key]
+            if ours != [(self.taint_key, value, effect)]:
+                kept = [t for t in taints if t["key"] != self.taint_key]
+                spec["taints"] = [*kept, {"key": self.taint_key, "value": value, "effect": effect}]
+        if change.release:
+            meta.update({k: None for k in keys.all() if k in annotations})
+            if any(t["key"] == self.taint_key for t in taints):
+                spec["taints"] = [t for t in taints if t["key"] != self.taint_key]
+            if keys.cordoned_by in annotations and view.unschedulable:
+                spec["unschedulable"] = None
+        body: dict[str, Any] = {}
+        if meta:
+            body["metadata"] = {"annotations": meta}
+        if spec:
+            body["spec"] = spec
+        return body or None
+
+    def cordon(self, node: NodeRef, ownership: Ownership) -> NodeView:
+        """:meth:`edit` with a cordon only."""
+        return self.edit(node, NodeEdit(cordon=ownership))
+
+    def taint(self, node: NodeRef, *, value: str, effect: TaintEffect) -> NodeView:
+        """:meth:`edit` with healer's taint only."""
+        return self.edit(node, NodeEdit(taint=(value, effect)))
 
     def _patch(self, name: str, body: dict[str, Any], what: str) -> k8s.V1Node:
         with api_call(f"{what} node {name}"):
@@ -174,86 +293,22 @@ class KubernetesNodeActions:
                 name, body, _content_type=STRATEGIC_MERGE, _request_timeout=self._timeout
             )
 
-    def _with_retry(self, name: str, step: Callable[[k8s.V1Node], dict[str, Any] | None], what: str) -> None:
-        """Read, compute a patch carrying ``resourceVersion``, send; again on 409, a few times."""
-        for attempt in range(CONFLICT_RETRIES):
-            node = self._read(name)
-            body = step(node)
-            if body is None:
-                return
-            body.setdefault("metadata", {})["resourceVersion"] = drain_mod.metadata_of(node).resource_version
-            try:
-                self._patch(name, body, what)
-                return
-            except KubernetesConflict:
-                log.info("%s node %s: conflict (attempt %d), re-reading", what, name, attempt + 1)
-        raise KubernetesConflict(f"{what} node {name}: still conflicting after {CONFLICT_RETRIES} attempts")
-
-    def cordon(self, name: str, ownership: Ownership) -> None:
-        """Set ``spec.unschedulable`` and healer's ownership annotations.
-
-        If the node is already unschedulable and healer did not cordon it (a human or another tool
-        did), the cordon is left as it is and ``cordoned-by`` is not written, so :meth:`release`
-        will never uncordon it (kured's rule). Idempotent: ``since`` keeps its first value.
-        """
-        keys = self.keys
-
-        def step(node: k8s.V1Node) -> dict[str, Any] | None:
-            annotations = drain_mod.metadata_of(node).annotations or {}
-            unschedulable = bool(node.spec and node.spec.unschedulable)
-            ours = keys.cordoned_by in annotations
-            same_incident = annotations.get(keys.incident) == str(ownership.incident_id)
-            wanted = {
-                keys.reason: ownership.reason,
-                keys.incident: str(ownership.incident_id),
-                keys.since: (same_incident and annotations.get(keys.since)) or _utc_iso(ownership.at),
-            }
-            body: dict[str, Any] = {}
-            if not unschedulable:
-                wanted[keys.cordoned_by] = ownership.actor
-                body["spec"] = {"unschedulable": True}
-            elif ours:
-                wanted[keys.cordoned_by] = annotations[keys.cordoned_by]
-            else:
-                log.info("node %s is already cordoned by someone else: healer will not uncordon it", name)
-            changed = {k: v for k, v in wanted.items() if annotations.get(k) != v}
-            if not body and not changed:
-                return None
-            if changed:
-                body["metadata"] = {"annotations": changed}
-            return body
-
-        self._with_retry(name, step, "cordon")
-
-    def taint(self, name: str, *, value: str, effect: TaintEffect) -> None:
-        """Add healer's taint ``<domain>/quarantined=<value>:<effect>``, replacing an older one of
-        healer's; other taints are kept (whole list sent with ``resourceVersion``, retried on 409)."""
-        key = self.taint_key
-
-        def step(node: k8s.V1Node) -> dict[str, Any] | None:
-            current = [t.to_dict() for t in (node.spec.taints if node.spec else None) or []]
-            ours = [t for t in current if t.get("key") == key]
-            if len(ours) == 1 and ours[0].get("value") == value and ours[0].get("effect") == effect:
-                return None
-            kept = [_taint_json(t) for t in current if t.get("key") != key]
-            return {"spec": {"taints": [*kept, {"key": key, "value": value, "effect": effect}]}}
-
-        self._with_retry(name, step, "taint")
-
-    def set_condition(self, name: str, *, healthy: bool, reason: str, message: str, now: datetime) -> None:
+    def set_condition(
+        self, node: NodeRef, *, healthy: bool, reason: str, message: str, now: datetime
+    ) -> NodeView:
         """Set the ``condition_type`` condition on ``/status`` (merged by ``type``; other conditions,
-        e.g. the kubelet's, untouched). ``lastTransitionTime`` moves only when the status flips."""
+        e.g. the kubelet's, untouched) in one patch. ``lastTransitionTime`` moves only when the
+        status flips; nothing is sent when status, reason and message are already so."""
+        view = self._view(node)
         status = "True" if healthy else "False"
-        node = self._read(name)
-        conditions = (node.status.conditions if node.status else None) or []
-        existing = next((c for c in conditions if c.type == self.settings.condition_type), None)
+        existing = view.condition_details.get(self.settings.condition_type)
         if existing is not None and (existing.status, existing.reason, existing.message) == (
             status,
             reason,
             message,
         ):
-            return
-        transition = now
+            return view
+        transition = _utc_iso(now)
         if existing is not None and existing.status == status and existing.last_transition_time:
             transition = existing.last_transition_time
         condition = {
@@ -261,18 +316,21 @@ class KubernetesNodeActions:
             "status": status,
             "reason": reason,
             "message": message[:32768],
-            "lastTransitionTime": _utc_iso(transition),
+            "lastTransitionTime": transition,
             "lastHeartbeatTime": _utc_iso(now),
         }
-        self._patch_status(name, {"status": {"conditions": [condition]}}, "set condition on")
+        answer = self._patch_status(view.name, {"status": {"conditions": [condition]}}, "set condition on")
+        return node_view(answer)
 
     def event(
-        self, name: str, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
+        self, node: NodeRef, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
     ) -> None:
         """Create an ``events.k8s.io/v1`` Event regarding the Node (``kubectl describe node`` and
-        ``kubectl events`` show it). Not deduplicated: each call is one Event."""
+        ``kubectl events`` show it), its UID taken from ``node`` as read. Not deduplicated: each
+        call is one Event."""
         at = now or self.clock()
-        node = self._read(name)
+        view = self._view(node)
+        name = view.name
         body = k8s.EventsV1Event(
             metadata=k8s.V1ObjectMeta(generate_name=f"{name}.", namespace=EVENT_NAMESPACE),
             event_time=at.astimezone(UTC),
@@ -282,102 +340,63 @@ class KubernetesNodeActions:
             action=reason.removeprefix("Healer") or reason,
             reporting_controller=f"{self.settings.domain}/healer",
             reporting_instance=self.identity,
-            regarding=k8s.V1ObjectReference(
-                api_version="v1", kind="Node", name=name, uid=drain_mod.metadata_of(node).uid
-            ),
+            regarding=k8s.V1ObjectReference(api_version="v1", kind="Node", name=name, uid=view.uid),
         )
         with api_call(f"record event {reason} on node {name}"):
             self.events.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=self._timeout)
 
     def drain_step(
-        self,
-        name: str,
-        *,
-        started_at: datetime,
-        now: datetime,
-        timeout_seconds: float,
-        grace_period_seconds: int,
-        delete_emptydir_data: bool,
-        ignore_daemonsets: bool,
-        force: bool,
-        delete_after_timeout: bool,
-        concurrency: int,
+        self, node: NodeRef, *, started_at: datetime, now: datetime, options: DrainOptions
     ) -> DrainReport:
-        """One step of ``kubectl drain`` (see :mod:`healer.actions.drain`), after re-reading the node.
+        """One step of ``kubectl drain`` (see :mod:`healer.actions.drain`) on ``node`` as read.
 
         A node that is schedulable again (a human uncordoned it) is not drained: the report says
         so in ``stopped`` and nothing is evicted. Raises ``KubernetesNotFound`` when the node is gone.
         """
-        view = self.read_node(name)
+        view = self._view(node)
         if not view.unschedulable:
             return DrainReport(
-                done=False, stopped=f"node {name} is schedulable: not draining an uncordoned node"
+                done=False, stopped=f"node {view.name} is schedulable: not draining an uncordoned node"
             )
-        options = drain_mod.DrainOptions(
-            timeout_seconds=timeout_seconds,
-            grace_period_seconds=grace_period_seconds,
-            delete_emptydir_data=delete_emptydir_data,
-            ignore_daemonsets=ignore_daemonsets,
-            force=force,
-            delete_after_timeout=delete_after_timeout,
-            concurrency=concurrency,
-        )
         return drain_mod.drain_step(
             self.core,
             self.policy,
-            name,
+            view.name,
             started_at=started_at,
             now=now,
             options=options,
             request_timeout=self._timeout,
         )
 
-    def plan_drain(
-        self, name: str, *, delete_emptydir_data: bool, ignore_daemonsets: bool, force: bool
-    ) -> DrainReport:
+    def plan_drain(self, name: str, *, options: DrainOptions) -> DrainReport:
         """What a drain would do now, without evicting anything (``dry_run=True`` in the report)."""
-        options = drain_mod.DrainOptions(
-            delete_emptydir_data=delete_emptydir_data, ignore_daemonsets=ignore_daemonsets, force=force
-        )
         return drain_mod.plan(self.core, name, options=options, request_timeout=self._timeout)
 
-    def release(self, name: str, *, now: datetime | None = None) -> None:
-        """Hand the node back: remove healer's taint and annotations, set the condition to True
-        (if healer had set it), and uncordon only when ``cordoned-by`` says healer cordoned it."""
+    def release(self, node: NodeRef, *, now: datetime | None = None) -> NodeView:
+        """Hand the node back: set the condition to True (if healer had set it False), then remove
+        healer's taint and annotations and uncordon when ``cordoned-by`` says healer cordoned it
+        (one status patch, one patch)."""
         at = now or self.clock()
-        keys, key = self.keys, self.taint_key
-
-        def step(node: k8s.V1Node) -> dict[str, Any] | None:
-            annotations = drain_mod.metadata_of(node).annotations or {}
-            body: dict[str, Any] = {}
-            gone = {k: None for k in keys.all() if k in annotations}
-            if gone:
-                body["metadata"] = {"annotations": gone}
-            taints = [t.to_dict() for t in (node.spec.taints if node.spec else None) or []]
-            spec: dict[str, Any] = {}
-            if any(t.get("key") == key for t in taints):
-                spec["taints"] = [_taint_json(t) for t in taints if t.get("key") != key]
-            if keys.cordoned_by in annotations and node.spec and node.spec.unschedulable:
-                spec["unschedulable"] = None
-            if spec:
-                body["spec"] = spec
-            return body or None
-
-        node = self._read(name)
-        conditions = (node.status.conditions if node.status else None) or []
-        if any(c.type == self.settings.condition_type and c.status != "True" for c in conditions):
-            self.set_condition(
-                name, healthy=True, reason="HealerReleased", message="released by healer", now=at
+        view = self._view(node)
+        condition = view.condition_details.get(self.settings.condition_type)
+        if condition is not None and condition.status != "True":
+            view = self.set_condition(
+                view, healthy=True, reason="HealerReleased", message="released by healer", now=at
             )
-        self._with_retry(name, step, "release")
+        return self.edit(view, NodeEdit(release=True))
 
 
-def _taint_json(taint: dict[str, Any]) -> dict[str, Any]:
-    """A client ``V1Taint.to_dict()`` (snake_case) as API JSON, without empty fields."""
-    out = {"key": taint["key"], "effect": taint["effect"]}
-    if taint.get("value"):
-        out["value"] = taint["value"]
-    added = taint.get("time_added") or taint.get("timeAdded")
+def _what(change: NodeEdit) -> str:
+    return "release" if change.release else "cordon" if change.cordon else "taint"
+
+
+def _taint_body(taint: tuple[str, str, str], view: NodeView) -> dict[str, Any]:
+    """One of the node's taints as API JSON (``timeAdded`` kept: the list is sent whole)."""
+    key, value, effect = taint
+    out: dict[str, Any] = {"key": key, "effect": effect}
+    if value:
+        out["value"] = value
+    added = view.taint_added.get((key, effect))
     if added:
-        out["timeAdded"] = _utc_iso(added) if isinstance(added, datetime) else added
+        out["timeAdded"] = added
     return out

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from kubernetes import client as k8s
 
 from healer.actions.apierrors import api_call
 from healer.actions.drain import metadata_of
+from healer.clock import utc_now
 from healer.config import KubernetesSettings
 from healer.errors import KubernetesConflict, KubernetesError, KubernetesNotFound
 
@@ -48,7 +49,7 @@ class LeaderElector:
         settings: KubernetesSettings,
         *,
         identity: str,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.clock = clock
         self.api = k8s.CoordinationV1Api(api_client)

@@ -36,9 +36,9 @@ from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 
-from healer.engine.findings import Finding, TickFindings, UnresolvedSeries
-from healer.engine.states import FindingState, RuleHealth
 from healer.errors import QueryError, SourceError
+from healer.model.findings import Finding, TickFindings, UnresolvedSeries
+from healer.model.states import FindingState, RuleHealth
 from healer.ruleset.schema import Rule, RuleSet
 
 #: Longest series key stored as is (the ``findings.series_key`` column); longer keys are hashed.

@@ -17,13 +17,13 @@
     unknown   no data (exporter down or stale) or the node was deleted: neither healthy nor faulty
 
 :func:`decide` walks :data:`TABLE`, a list of (states, condition) → step rows, and returns the
-first row's step; the executor (``healer.remediation``) asks :mod:`healer.engine.safety` whether a
+first row's step; the reconciler (``healer.controller.reconcile``) asks :mod:`healer.engine.safety` whether a
 step that touches the node may run, runs its :class:`Effect` values through ``NodeActions`` and
 records the transition. Effects are data: this module performs no I/O and reads no clock.
 
 Facts come from: this tick's findings (``healer.engine.evaluation``), the node read fresh from the
-API server (:class:`~healer.actions.base.NodeView`), the open incident's remediation memory (the
-``incidents`` table) and the last drain step (:class:`~healer.actions.base.DrainReport`).
+API server (:class:`~healer.model.node.NodeView`), the open incident's remediation memory (the
+``incidents`` table) and the last drain step (:class:`~healer.model.drain.DrainReport`).
 
 Ownership follows the anchors in ``reference/kubernetes.md``: healer uncordons only nodes it
 cordoned (draino, kured: a node already unschedulable before healer acted is never uncordoned), and
@@ -39,9 +39,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TypeVar
 
-from healer.actions.base import DrainReport, NodeView, TaintEffect
-from healer.engine.findings import Finding
-from healer.engine.states import NodeState, TicketStatus
+from healer.model.drain import DrainOptions, DrainReport
+from healer.model.findings import Finding
+from healer.model.node import NodeView, TaintEffect
+from healer.model.states import NodeState, TicketStatus
 from healer.ruleset.schema import (
     DrainAction,
     NotifyAction,
@@ -112,10 +113,15 @@ class Event:
 
 @dataclass(frozen=True)
 class StartDrain:
-    """Record the drain's start; ``advance_drains`` evicts pods step by step with ``options``."""
+    """Record the drain's start; the drain pass evicts pods step by step with ``options``."""
 
     rule: str
-    options: DrainAction
+    options: DrainOptions
+
+
+@dataclass(frozen=True)
+class DrainStep:
+    """One ``kubectl drain`` round (evict what may be evicted now) with the drain's recorded options."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +137,7 @@ class Release:
     """Remove healer's taint, condition and annotations; uncordon only if healer cordoned it."""
 
 
-Effect = Cordon | Taint | SetCondition | Event | StartDrain | RequestTicket | Release
+Effect = Cordon | Taint | SetCondition | Event | StartDrain | DrainStep | RequestTicket | Release
 
 
 class StepKind(StrEnum):
@@ -168,7 +174,8 @@ class NodeFacts:
 
     ``firing``/``pending`` are this tick's findings for the node (all rules, frozen ones included:
     their previous state stands); ``view`` is the node as read from the API server this tick (None
-    when not read); ``drain`` the last drain step's report (``advance_drains`` only); ``notified``
+    when not read); ``drain_due`` whether a drain round is due (the drain pass); ``drain`` the
+    report of the round just run; ``notified``
     the keys of notifications already sent; ``owned`` whether the node carries healer's
     ``cordoned-by`` annotation (a cordon healer made, possibly before a restart).
     """
@@ -182,6 +189,7 @@ class NodeFacts:
     frozen_rules: frozenset[str] = frozenset()
     view: NodeView | None = None
     deleted: bool = False
+    drain_due: bool = False
     drain: DrainReport | None = None
     notified: frozenset[str] = frozenset()
     owned: bool = False
@@ -520,7 +528,7 @@ def _drain_or_wait(f: NodeFacts, c: Context) -> Step | None:
         NodeState.DRAINING,
         f"rule {rule.name} is still firing: draining",
         effects=(
-            StartDrain(rule=rule.name, options=drain),
+            StartDrain(rule=rule.name, options=drain.options()),
             Event("HealerDraining", f"draining for {rule.name}"),
         ),
         evidence=_evidence([x for x in f.firing if x.rule == rule.name]),
@@ -700,6 +708,14 @@ TABLE: tuple[Row, ...] = (
         _drain_blocked,
     ),
     Row(
+        "drain step",
+        _s(NodeState.DRAINING),
+        lambda f, c: f.drain_due and f.drain is None,
+        lambda f, c: Step(
+            StepKind.DRAIN, None, "drain step", effects=(DrainStep(),), already_out=True, row="drain step"
+        ),
+    ),
+    Row(
         "repaired",
         _s(NodeState.AWAITING_REPAIR),
         lambda f, c: f.incident is not None and f.incident.ticket == TicketStatus.RESOLVED,
@@ -797,17 +813,17 @@ def notices(facts: NodeFacts, ctx: Context) -> list[Step]:
     return out
 
 
-def apply_memory(
-    incident: IncidentFacts | None, step: Step, *, new_id: int | None = None
-) -> IncidentFacts | None:
-    """The incident facts after ``step`` (for chaining steps within one tick)."""
-    if step.close_incident is not None and not step.new_incident:
-        return None
-    if incident is None or step.new_incident:
-        if new_id is None:
-            return incident
-        incident = IncidentFacts(id=new_id)
+def remember(incident: IncidentFacts, step: Step) -> IncidentFacts:
+    """The incident's remediation memory after ``step`` (what the controller writes to its row).
+
+    A step that moves the node anywhere but ``blocked`` without blocking it forgets the blocked step.
+    """
     m = step.memory
+    blocked_step = incident.blocked_step
+    if m.blocked_step is not None:
+        blocked_step = m.blocked_step
+    elif step.to is not None and step.to != NodeState.BLOCKED:
+        blocked_step = None
     return replace(
         incident,
         rule=m.rule if m.rule is not None else incident.rule,
@@ -823,6 +839,20 @@ def apply_memory(
                 else incident.expect_unschedulable
             )
         ),
-        blocked_step=m.blocked_step if m.blocked_step is not None else incident.blocked_step,
+        blocked_step=blocked_step,
         clear_since=None if m.reset_clear else (m.clear_since or incident.clear_since),
     )
+
+
+def apply_memory(
+    incident: IncidentFacts | None, step: Step, *, new_id: int | None = None
+) -> IncidentFacts | None:
+    """The incident facts after ``step`` (for chaining steps within one tick): None once the step
+    closes the incident; a new incident (``new_id``) when the step opens one."""
+    if step.close_incident is not None and not step.new_incident:
+        return None
+    if incident is None or step.new_incident:
+        if new_id is None:
+            return incident
+        incident = IncidentFacts(id=new_id)
+    return remember(incident, step)

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, time, timedelta
 from enum import StrEnum
 
-from healer.config import MaintenanceWindow, SafetySettings
 from healer.engine.lifecycle import StepKind
+from healer.model.limits import MaintenanceWindow, SafetyLimits
 
 _DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
@@ -82,7 +82,7 @@ class PoolUsage:
     size: int
     out: int = 0
 
-    def limit(self, settings: SafetySettings) -> int:
+    def limit(self, settings: SafetyLimits) -> int:
         """Nodes that may be out at once: the smaller of the absolute and the % cap (rounded down)."""
         by_percent = math.floor(self.size * settings.max_unhealthy_percent / 100.0 + 1e-9)
         return min(settings.max_unhealthy, by_percent)
@@ -90,9 +90,12 @@ class PoolUsage:
 
 @dataclass(frozen=True)
 class SafetyState:
-    """What safety knows during one tick. ``pools`` grows as quarantines are approved."""
+    """What safety knows during one tick. ``pools`` grows as quarantines are approved.
 
-    settings: SafetySettings
+    ``settings`` are the limits (``SafetySettings.limits()`` builds them from the configuration).
+    """
+
+    settings: SafetyLimits
     now: datetime
     paused: bool = False
     breaker_tripped: bool = False
@@ -228,7 +231,7 @@ def breaker(
     *,
     turned_bad: Mapping[str, datetime],
     fleet_size: int,
-    settings: SafetySettings,
+    settings: SafetyLimits,
     now: datetime,
     reset_at: datetime | None = None,
 ) -> BreakerVerdict:

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
+from healer.model.drain import DrainOptions
 from healer.ruleset.durations import parse_duration
 
 #: Labels tried in order to find the Kubernetes node name of a series (see reference/metrics.md):
@@ -70,6 +71,18 @@ class DrainAction(_Strict):
         False, description="Past the deadline, DELETE pods a PodDisruptionBudget still protects (recorded)."
     )
     concurrency: int = Field(8, ge=1, le=256, description="Evictions in flight at once.")
+
+    def options(self) -> DrainOptions:
+        """The drain options as the controller and the Kubernetes adapter take them."""
+        return DrainOptions(
+            timeout_seconds=self.timeout,
+            grace_period_seconds=self.grace_period,
+            delete_emptydir_data=self.delete_emptydir_data,
+            ignore_daemonsets=self.ignore_daemonsets,
+            force=self.force,
+            delete_after_timeout=self.delete_after_timeout,
+            concurrency=self.concurrency,
+        )
 
 
 class TicketAction(_Strict):

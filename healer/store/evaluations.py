@@ -22,8 +22,8 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from healer.engine.evaluation import ChangeKind, EvaluationState, FindingChange, RuleReport
-from healer.engine.findings import Finding as FindingShape
-from healer.engine.states import FindingState
+from healer.model.findings import Finding as FindingShape
+from healer.model.states import FindingState
 from healer.store.models import Finding, Gpu, Node, RuleEvaluation
 from healer.store.nodes import get_or_create_node
 
@@ -115,7 +115,7 @@ def load_state(session: Session) -> EvaluationState:
 
 
 def finding_from_row(row: Finding) -> FindingShape:
-    """The engine's :class:`~healer.engine.findings.Finding` for a ``findings`` row."""
+    """The engine's :class:`~healer.model.findings.Finding` for a ``findings`` row."""
     return FindingShape(
         rule=row.rule,
         series_key=row.series_key,

@@ -1,7 +1,7 @@
 """SQLAlchemy 2.0 typed models: the tables healer records into.
 
 Times are aware UTC (:class:`~healer.store.types.UTCDateTime`); state columns hold the string
-values of the enums in :mod:`healer.engine.states`. Constraint names follow ``NAMING_CONVENTION``
+values of the enums in :mod:`healer.model.states`. Constraint names follow ``NAMING_CONVENTION``
 so Alembic migrations are stable on SQLite and PostgreSQL.
 """
 
@@ -117,13 +117,13 @@ class Incident(Base):
     close_reason: Mapped[str | None] = mapped_column(Text)
     escalated: Mapped[bool] = mapped_column(Boolean, default=False)
     # Remediation memory, so a restarted controller resumes instead of forgetting (DESIGN.md,
-    # "Node lifecycle"); written by healer.remediation only.
+    # "Node lifecycle"); written by healer.controller only.
     rule: Mapped[str | None] = mapped_column(String(200))  # the rule whose actions healer follows
     cordoned_by_healer: Mapped[bool] = mapped_column(Boolean, default=False)
     # What spec.unschedulable should read while healer holds the node; None = healer holds nothing.
     expect_unschedulable: Mapped[bool | None] = mapped_column(Boolean)
     drain_started_at: Mapped[datetime | None]
-    drain_options: Mapped[dict[str, Any] | None]  # the rule's DrainAction as it was at drain start
+    drain_options: Mapped[dict[str, Any] | None]  # DrainOptions as they were at drain start
     blocked_step: Mapped[str | None] = mapped_column(String(32))  # "quarantine" | "drain"
     blocked_reason: Mapped[str | None] = mapped_column(Text)
     clear_since: Mapped[datetime | None]  # validating: first tick of the current clear stretch

@@ -6,15 +6,16 @@ Times are aware UTC and passed in (``now``), never read here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
-from healer.engine.states import NodeState
+from healer.model.states import NodeState
 from healer.store.models import Action, Incident, Node, Switch, Transition
+from healer.store.models import Finding as FindingRow
 
 #: Switch names (rows of the ``switches`` table).
 SWITCH_PAUSED = "paused"  # {"paused": bool, "reason": str}
@@ -142,3 +143,50 @@ def set_switch(session: Session, name: str, value: dict[str, Any], *, now: datet
 
 def nodes_in_states(session: Session, states: Sequence[str]) -> list[Node]:
     return list(session.scalars(select(Node).where(Node.state.in_(list(states))).order_by(Node.name)))
+
+
+def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fleet_wide: bool) -> None:
+    """Make the node rows match ``pools`` (node → pool) in a constant number of statements.
+
+    One SELECT (of every node when ``fleet_wide``, else of the named ones), one bulk INSERT of the
+    new nodes (created healthy), one bulk UPDATE of the nodes whose pool changed; a fleet that did
+    not change costs the SELECT only, whatever its size.
+    """
+    query = select(Node.id, Node.name, Node.pool)
+    if not fleet_wide:
+        query = query.where(Node.name.in_(list(pools)))
+    known = {name: (node_id, pool) for node_id, name, pool in session.execute(query)}
+    new = [
+        {
+            "name": name,
+            "pool": pool,
+            "state": NodeState.HEALTHY,
+            "state_since": now,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for name, pool in pools.items()
+        if name not in known
+    ]
+    if new:
+        session.execute(insert(Node), new)
+    moved = [
+        {"id": known[name][0], "pool": pool}
+        for name, pool in pools.items()
+        if name in known and known[name][1] != pool
+    ]
+    if moved:
+        session.execute(update(Node), moved)
+
+
+def attach_findings(session: Session, node: Node, incident: Incident) -> None:
+    """Hang the node's unresolved findings that belong to no incident yet on ``incident``."""
+    session.execute(
+        update(FindingRow)
+        .where(
+            FindingRow.node_name == node.name,
+            FindingRow.incident_id.is_(None),
+            FindingRow.resolved_at.is_(None),
+        )
+        .values(incident_id=incident.id)
+    )

@@ -33,6 +33,7 @@ from healer.engine.states import ActionStatus, NodeState, OutboxStatus, TicketSt
 from healer.operations import OperationError
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
+from healer.tickets.views import TicketView, ticket_views
 
 log = logging.getLogger(__name__)
 
@@ -293,37 +294,13 @@ def retry_ticket(session: Session, *, ticket_id: int, actor: str, now: datetime)
     return ticket
 
 
-@dataclass(frozen=True)
-class TicketRow:
-    """A ticket as listed (CLI, dashboard): no payload, no secrets."""
-
-    id: int
-    node: str
-    incident_id: int
-    provider: str
-    status: str
-    escalated: bool
-    external_id: str | None
-    idempotency_key: str
-    attempts: int
-    next_attempt_at: datetime | None
-    last_error: str | None
-    reason: str | None
-    created_at: datetime
-    sent_at: datetime | None
-    acknowledged_at: datetime | None
-    resolved_at: datetime | None
-    closed_by: str | None
-
-
 def list_tickets(
     session: Session, *, status: list[str] | None = None, node: str | None = None, limit: int = 100
-) -> list[TicketRow]:
+) -> list[TicketView]:
     """Tickets, newest first, optionally only in ``status`` or for ``node`` (name)."""
     query = (
-        select(Ticket, Node.name, OutboxMessage)
+        select(Ticket)
         .join(Node, Node.id == Ticket.node_id)
-        .outerjoin(OutboxMessage, OutboxMessage.ticket_id == Ticket.id)
         .order_by(Ticket.created_at.desc(), Ticket.id.desc())
         .limit(limit)
     )
@@ -331,32 +308,7 @@ def list_tickets(
         query = query.where(Ticket.status.in_(status))
     if node:
         query = query.where(Node.name == node)
-    rows = []
-    for ticket, node_name, message in session.execute(query):
-        rows.append(
-            TicketRow(
-                id=ticket.id,
-                node=node_name,
-                incident_id=ticket.incident_id,
-                provider=ticket.provider,
-                status=ticket.status,
-                escalated=ticket.escalated,
-                external_id=ticket.external_id,
-                idempotency_key=message.idempotency_key if message else ticket.idempotency_key,
-                attempts=message.attempts if message else 0,
-                next_attempt_at=(
-                    message.next_attempt_at if message and message.status == OutboxStatus.PENDING else None
-                ),
-                last_error=ticket.last_error,
-                reason=ticket.reason,
-                created_at=ticket.created_at,
-                sent_at=ticket.sent_at,
-                acknowledged_at=ticket.acknowledged_at,
-                resolved_at=ticket.resolved_at,
-                closed_by=ticket.closed_by,
-            )
-        )
-    return rows
+    return ticket_views(session, list(session.scalars(query)))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ Time is a parameter: deadline tests pass ``now`` values instead of sleeping.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions import drain as drain_mod
-from healer.actions.base import DrainReport, NodeActions, Ownership, human_uncordoned, incident_of
+from healer.actions.base import (
+    DrainOptions,
+    DrainReport,
+    NodeActions,
+    Ownership,
+    human_uncordoned,
+    incident_of,
+)
 from healer.actions.dryrun import RecordingNodeActions
 from healer.actions.kubernetes import STRATEGIC_MERGE, KubernetesNodeActions, make_api_client
 from healer.actions.lease import LeaderElector
@@ -61,10 +69,7 @@ def drain(
     force: bool = False,
     delete_after_timeout: bool = False,
 ) -> DrainReport:
-    return actions.drain_step(
-        NODE,
-        started_at=T0,
-        now=now,
+    options = DrainOptions(
         timeout_seconds=timeout,
         grace_period_seconds=-1,
         delete_emptydir_data=delete_emptydir_data,
@@ -73,6 +78,7 @@ def drain(
         delete_after_timeout=delete_after_timeout,
         concurrency=4,
     )
+    return actions.drain_step(NODE, started_at=T0, now=now, options=options)
 
 
 def node_obj(emu: KubernetesEmulator, name: str = NODE) -> dict[str, Any]:
@@ -650,19 +656,19 @@ class TestFleetScenario:
                 actions = KubernetesNodeActions(api, k8s_settings)
                 assert len(emu.list("Node")) == 64
                 actions.cordon(target, OWNERSHIP)
-                kwargs: dict[str, Any] = {
-                    "started_at": T0,
-                    "now": T0,
-                    "timeout_seconds": 600,
-                    "grace_period_seconds": 30,
-                    "ignore_daemonsets": True,
-                    "force": False,
-                    "delete_after_timeout": False,
-                    "concurrency": 8,
-                }
-                refused = actions.drain_step(target, delete_emptydir_data=False, **kwargs)
+                options = DrainOptions(
+                    timeout_seconds=600,
+                    grace_period_seconds=30,
+                    ignore_daemonsets=True,
+                    force=False,
+                    delete_after_timeout=False,
+                    concurrency=8,
+                )
+                strict = replace(options, delete_emptydir_data=False)
+                refused = actions.drain_step(target, started_at=T0, now=T0, options=strict)
                 assert refused.refused.keys() == {"training/train-worker-7"}
-                report = actions.drain_step(target, delete_emptydir_data=True, **kwargs)
+                lenient = replace(options, delete_emptydir_data=True)
+                report = actions.drain_step(target, started_at=T0, now=T0, options=lenient)
             assert report.done
             assert report.evicted == ("inference/inference-7", "training/train-worker-7")
             assert sorted(emu.pods_on(target)) == [

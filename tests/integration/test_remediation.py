@@ -4,6 +4,7 @@ real databases (SQLite and PostgreSQL), the ticket outbox. Time is a parameter; 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,15 +12,16 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer import operations
 from healer.actions.kubernetes import STRATEGIC_MERGE, KubernetesNodeActions
 from healer.config import KubernetesSettings, SafetySettings, Settings
-from healer.engine.findings import Finding, TickFindings
-from healer.engine.states import FindingState, NodeState
-from healer.remediation import RemediationResult, advance_drains, remediate
+from healer.controller import RemediationResult, advance_drains, remediate
+from healer.controller.backoff import Backoff
+from healer.model.findings import Finding, TickFindings
+from healer.model.states import FindingState, NodeState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Action, Incident, Node, Ticket, Transition
@@ -563,3 +565,77 @@ def test_dry_run_records_and_changes_nothing(
     assert h.state("gpu-03") == NodeState.AWAITING_REPAIR  # the story goes on, as it would have
     statuses = {(a.kind, a.status) for a in h.actions_of("gpu-03")}
     assert ("cordon", "dry_run") in statuses and ("drain", "dry_run") in statuses
+
+
+# --- what each step costs the API server and the database ---------------------------------------
+
+
+def test_quarantine_to_draining_reads_the_node_once_and_writes_it_in_one_patch(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(20))
+    harness.remediate(tick(T0 - timedelta(minutes=1)))
+    before = len(harness.emu.requests)
+    result = harness.remediate(tick(T0, hot("gpu-00")))
+    calls = list(harness.emu.requests)[before:]
+
+    assert result.states() == {"gpu-00": NodeState.DRAINING}
+    assert calls == [
+        ("GET", "/api/v1/nodes/gpu-00"),
+        ("PATCH", "/api/v1/nodes/gpu-00"),  # cordon + taint + ownership annotations
+        ("PATCH", "/api/v1/nodes/gpu-00/status"),  # the condition
+        ("POST", "/apis/events.k8s.io/v1/namespaces/default/events"),  # HealerQuarantined
+        ("POST", "/apis/events.k8s.io/v1/namespaces/default/events"),  # HealerDraining
+    ]
+    k8s_node = harness.k8s_node("gpu-00")
+    assert k8s_node["spec"]["unschedulable"] is True
+    assert [t["key"] for t in k8s_node["spec"]["taints"]] == ["healer.dev/quarantined"]
+    assert k8s_node["metadata"]["annotations"]["healer.dev/cordoned-by"] == "healer"
+    events = [
+        e
+        for e in harness.emu.list("Event", api_version="events.k8s.io/v1")
+        if e["regarding"]["name"] == "gpu-00"
+    ]
+    assert {e["regarding"]["uid"] for e in events} == {k8s_node["metadata"]["uid"]}
+    kinds = [a.kind for a in harness.actions_of("gpu-00")]
+    assert kinds.count("cordon") == 1 and kinds.count("taint") == 1 and kinds.count("condition") == 1
+
+
+def test_a_quiet_tick_costs_the_same_statements_at_any_fleet_size(harness: Harness) -> None:
+    engine = harness.sessions.kw["bind"]
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    per_size = {}
+    for size in (10, 300):
+        fleet = {f"quiet-{i:03d}": "a100" for i in range(size)}
+        harness.remediate(tick(T0), fleet=fleet)  # first sight: the rows are created
+        statements.clear()
+        event.listen(engine, "before_cursor_execute", count)
+        try:
+            requests = len(harness.emu.requests)
+            harness.remediate(tick(T0 + timedelta(minutes=1)), fleet=fleet)
+        finally:
+            event.remove(engine, "before_cursor_execute", count)
+        assert len(harness.emu.requests) == requests
+        per_size[size] = len(statements)
+    assert per_size[10] == per_size[300]
+
+
+def test_a_failing_node_is_backed_off_not_retried_every_tick(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness.emu.load(fleet_nodes(20))
+    backoff = Backoff()
+    harness.emu.inject_error("GET", r"/api/v1/nodes/gpu-00$", 503, times=2)
+    with caplog.at_level(logging.WARNING, logger="healer.controller.backoff"):
+        first = harness.remediate(tick(T0, hot("gpu-00")), backoff=backoff)
+        second = harness.remediate(tick(T0 + timedelta(seconds=5), hot("gpu-00")), backoff=backoff)
+        third = harness.remediate(tick(T0 + timedelta(seconds=11), hot("gpu-00")), backoff=backoff)
+        fourth = harness.remediate(tick(T0 + timedelta(seconds=60), hot("gpu-00")), backoff=backoff)
+
+    assert [o.node for o in first.outcomes if o.error] == ["gpu-00"]
+    assert second.outcomes == []  # waiting: not read, not logged
+    assert [o.node for o in third.outcomes if o.error] == ["gpu-00"]  # retried once the delay passed
+    assert len([r for r in caplog.records if "gpu-00" in r.getMessage()]) == 1  # the same error: said once
+    assert fourth.states() == {"gpu-00": NodeState.DRAINING}

@@ -7,11 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from healer.actions.base import DrainReport, NodeView
 from healer.engine import lifecycle as lc
-from healer.engine.findings import Finding
-from healer.engine.states import FindingState, NodeState, TicketStatus
-from healer.ruleset.schema import Rule, RuleGroup, RuleSet
+from healer.model.drain import DrainOptions, DrainReport
+from healer.model.findings import Finding
+from healer.model.node import NodeView
+from healer.model.states import FindingState, NodeState, TicketStatus
+from healer.ruleset.schema import DrainAction, Rule, RuleGroup, RuleSet
 
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
 
@@ -536,3 +537,46 @@ def test_drain_blocked_names_pods_and_budgets() -> None:
     event = step.effects[0]
     assert isinstance(event, lc.Event) and event.reason == "HealerDrainBlocked"
     assert step.memory.blocked_step == "drain"
+
+
+def test_drain_round_only_when_the_drain_pass_asks() -> None:
+    assert lc.decide(facts(NodeState.DRAINING, incident=HELD, view=CORDONED, firing=HOT), CTX) is None
+    step = lc.decide(facts(NodeState.DRAINING, incident=HELD, view=CORDONED, firing=HOT, drain_due=True), CTX)
+    assert step is not None and step.row == "drain step" and step.to is None
+    assert step.kind == lc.StepKind.DRAIN and step.effects == (lc.DrainStep(),)
+
+
+def test_drain_starts_with_the_rule_options() -> None:
+    step = lc.decide(facts(NodeState.QUARANTINED, incident=HELD, view=CORDONED, firing=HOT), CTX)
+    assert step is not None
+    start = next(e for e in step.effects if isinstance(e, lc.StartDrain))
+    assert start.options.timeout_seconds == 3600.0 and start.options.concurrency == 8
+
+
+def test_memory_forgets_the_blocked_step_when_the_node_moves_on() -> None:
+    blocked = lc.decide(
+        facts(
+            NodeState.DRAINING,
+            incident=HELD,
+            view=CORDONED,
+            drain=DrainReport(done=False, blocked=True, blocked_pods=("a/b",)),
+        ),
+        CTX,
+    )
+    assert blocked is not None
+    after = lc.remember(HELD, blocked)
+    assert after.blocked_step == "drain" and after.expect_unschedulable is True
+    released = lc.decide(facts(NodeState.BLOCKED, incident=after, firing=HOT, view=view(owned=True)), CTX)
+    assert released is not None and released.to == NodeState.RELEASED
+    assert lc.remember(after, released).blocked_step is None
+
+
+def test_a_rule_drain_without_options_drains_with_the_default_options() -> None:
+    assert DrainAction().options() == DrainOptions()
+    custom = DrainAction(timeout=60, grace_period=5, force=True, concurrency=2).options()
+    assert (custom.timeout_seconds, custom.grace_period_seconds, custom.force, custom.concurrency) == (
+        60,
+        5,
+        True,
+        2,
+    )

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from healer.config import MaintenanceWindow, SafetySettings
 from healer.engine.lifecycle import StepKind
 from healer.engine.safety import (
     PoolUsage,
@@ -17,10 +17,11 @@ from healer.engine.safety import (
     in_window,
     judge,
 )
+from healer.model.limits import MaintenanceWindow, SafetyLimits
 
 # A Tuesday.
 NOW = datetime(2025, 3, 4, 12, 0, tzinfo=UTC)
-LIMITS = SafetySettings(max_unhealthy=2, max_unhealthy_percent=10, breaker_nodes=5, breaker_percent=20)
+LIMITS = SafetyLimits(max_unhealthy=2, max_unhealthy_percent=10, breaker_nodes=5, breaker_percent=20)
 
 
 def state(**kw: object) -> SafetyState:
@@ -32,7 +33,7 @@ def req(kind: StepKind = StepKind.QUARANTINE, **kw: object) -> Request:
     return Request(node=str(kw.pop("node", "n1")), kind=kind, pool=str(kw.pop("pool", "a100")), **kw)  # type: ignore[arg-type]
 
 
-WINDOW = MaintenanceWindow(pool="a100", days=["tue"], start="11:00", end="13:00")
+WINDOW = MaintenanceWindow(pool="a100", days=("tue",), start="11:00", end="13:00")
 
 CASES = [
     # (id, request, state, approved, reason, blocks)
@@ -79,7 +80,7 @@ CASES = [
     (
         "maintenance window of the pool: no quarantine",
         req(),
-        state(settings=LIMITS.model_copy(update={"maintenance_windows": [WINDOW]})),
+        state(settings=replace(LIMITS, maintenance_windows=(WINDOW,))),
         False,
         Refusal.MAINTENANCE,
         False,
@@ -87,7 +88,7 @@ CASES = [
     (
         "maintenance window of another pool: allowed",
         req(pool="h100"),
-        state(settings=LIMITS.model_copy(update={"maintenance_windows": [WINDOW]}),
+        state(settings=replace(LIMITS, maintenance_windows=(WINDOW,)),
               pools={"h100": PoolUsage(100, 0)}),
         True,
         None,
@@ -137,16 +138,20 @@ def test_budget_message_names_pool_and_limits() -> None:
         (MaintenanceWindow(start="11:00", end="13:00"), NOW, True),
         (MaintenanceWindow(start="11:00", end="12:00"), NOW, False),  # end is exclusive
         (MaintenanceWindow(start="12:00", end="13:00"), NOW, True),
-        (MaintenanceWindow(days=["mon"], start="11:00", end="13:00"), NOW, False),
+        (MaintenanceWindow(days=("mon",), start="11:00", end="13:00"), NOW, False),
         # Overnight: Monday 22:00 → Tuesday 02:00 belongs to Monday.
-        (MaintenanceWindow(days=["mon"], start="22:00", end="02:00"), NOW.replace(hour=1), True),
-        (MaintenanceWindow(days=["mon"], start="22:00", end="02:00"), NOW.replace(hour=2), False),
-        (MaintenanceWindow(days=["tue"], start="22:00", end="02:00"), NOW.replace(hour=1), False),
-        (MaintenanceWindow(days=["tue"], start="22:00", end="02:00"), NOW.replace(hour=23), True),
-        (MaintenanceWindow(days=["tue"], start="22:00", end="02:00"), NOW.replace(hour=21, minute=59), False),
+        (MaintenanceWindow(days=("mon",), start="22:00", end="02:00"), NOW.replace(hour=1), True),
+        (MaintenanceWindow(days=("mon",), start="22:00", end="02:00"), NOW.replace(hour=2), False),
+        (MaintenanceWindow(days=("tue",), start="22:00", end="02:00"), NOW.replace(hour=1), False),
+        (MaintenanceWindow(days=("tue",), start="22:00", end="02:00"), NOW.replace(hour=23), True),
+        (
+            MaintenanceWindow(days=("tue",), start="22:00", end="02:00"),
+            NOW.replace(hour=21, minute=59),
+            False,
+        ),
         # Sunday night into Monday morning wraps the week.
         (
-            MaintenanceWindow(days=["sun"], start="23:00", end="01:00"),
+            MaintenanceWindow(days=("sun",), start="23:00", end="01:00"),
             datetime(2025, 3, 3, 0, 30, tzinfo=UTC),
             True,
         ),

@@ -30,11 +30,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
 from healer.config import Settings
+from healer.controller.backoff import Backoff
+from healer.controller.passes import RemediationResult, advance_drains, remediate
 from healer.detection import initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError
 from healer.metrics import HealerMetrics
-from healer.remediation import RemediationResult, advance_drains, remediate
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleGroup
 from healer.sources.base import MetricsSource
@@ -106,6 +107,7 @@ class Controller:
     _why_not: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: BackgroundScheduler | None = None
+    _backoff: Backoff = field(default_factory=Backoff)
 
     # -- leadership ------------------------------------------------------------------------------
 
@@ -176,6 +178,7 @@ class Controller:
                     settings=self.settings,
                     now=now,
                     fleet=self._fleet(),
+                    backoff=self._backoff,
                 )
                 self._count(result)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
@@ -206,14 +209,12 @@ class Controller:
                     )
 
     def _count(self, result: RemediationResult) -> None:
-        """Count each node step by kind and result for /metrics; log the failed ones."""
+        """Count each node step by kind and result for /metrics (the backoff logs failures once)."""
         for o in result.outcomes:
             if not o.step:
                 continue
             outcome = "refused" if o.refused else "failed" if o.error else "succeeded"
             self.metrics.count_action(o.step, outcome)
-            if o.error:
-                log.warning("node %s: step %s failed: %s", o.node, o.step, o.error)
 
     def _fleet(self) -> dict[str, str] | None:
         """The cluster's nodes and pools, or None when they cannot be listed now (logged)."""
@@ -234,6 +235,7 @@ class Controller:
                 session_factory=self.session_factory,
                 settings=self.settings,
                 now=self.clock(),
+                backoff=self._backoff,
             )
             self._count(result)
 

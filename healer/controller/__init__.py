@@ -1,0 +1,32 @@
+"""The controller: the scheduler's jobs, and one reconcile per node used by both passes.
+
+==============  ==================================================================================
+module          job
+==============  ==================================================================================
+``scheduler``   the process behind ``healer run``: jobs, leadership, shutdown (:class:`Controller`)
+``passes``      the tick pass (:func:`remediate`) and the drain pass (:func:`advance_drains`)
+``reconcile``   one node: observe → decide → judge → apply → record (:class:`Reconciler`)
+``observe``     the node read once, and its facts from the database
+``apply``       a step's effects through ``NodeActions`` (one patch, one status patch, Events)
+``record``      the step's transition, memory, audit rows and ticket
+``fleet``       fleet-wide facts: candidates, order, pool usage, the breaker's input
+``backoff``     per-node retry delay after a failure
+==============  ==================================================================================
+"""
+
+from healer.controller.passes import RemediationResult, advance_drains, remediate
+from healer.controller.reconcile import MAX_STEPS_PER_TICK, NodeOutcome, Reconciler
+from healer.controller.scheduler import Controller, Leadership, due_groups, tick_seconds
+
+__all__ = [
+    "MAX_STEPS_PER_TICK",
+    "Controller",
+    "Leadership",
+    "NodeOutcome",
+    "Reconciler",
+    "RemediationResult",
+    "advance_drains",
+    "due_groups",
+    "remediate",
+    "tick_seconds",
+]

@@ -1,0 +1,132 @@
+"""Apply: run one step's effects through :class:`~healer.actions.base.NodeActions`, in order.
+
+The node's spec and metadata changes of a step (cordon, taint, ownership annotations) go to the
+adapter as ONE :class:`~healer.model.node.NodeEdit`, so they are one patch; the condition is one
+status patch; Events reuse the node as read. Each write returns the node as the API server
+answered, which the next step starts from (no re-read). The first failure stops the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from healer.actions.base import NodeActions
+from healer.engine import lifecycle as lc
+from healer.errors import KubernetesError, KubernetesNotFound
+from healer.model.drain import DrainOptions, DrainReport
+from healer.model.node import NodeEdit, NodeView, Ownership
+from healer.model.states import ActionStatus
+
+
+@dataclass(frozen=True)
+class Done:
+    """One effect performed (or the one that failed): an ``actions`` row to record."""
+
+    kind: str
+    detail: dict[str, Any]
+    status: ActionStatus
+    error: str | None = None
+
+
+@dataclass
+class Applied:
+    """What one step's effects did: the node after them (None: the node is gone), the effects
+    done, the first error, and the drain round's report (a ``DrainStep`` effect)."""
+
+    view: NodeView | None
+    done: list[Done] = field(default_factory=list)
+    error: str | None = None
+    drain: DrainReport | None = None
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """When the drain started (its deadline runs from there) and its options."""
+
+    started_at: datetime
+    options: DrainOptions
+
+
+def apply(
+    actions: NodeActions,
+    view: NodeView,
+    step: lc.Step,
+    *,
+    incident_id: int | None,
+    now: datetime,
+    actor: str,
+    drain: DrainPlan | None = None,
+) -> Applied:
+    """Run ``step``'s effects on the node ``view`` (as read this reconcile).
+
+    ``StartDrain`` and ``RequestTicket`` are recorded, not applied here. Raises
+    ``KubernetesNotFound`` (the node is gone); any other Kubernetes error ends the step with the
+    failed effect in ``done``.
+    """
+    applied = Applied(view=view)
+    node: NodeView = view
+    effects = list(step.effects)
+    status = actions.status
+    i = 0
+    while i < len(effects):
+        effect = effects[i]
+        try:
+            match effect:
+                case lc.Cordon() | lc.Taint():
+                    edit, rows = _edit(effects, i, incident_id=incident_id, now=now, actor=actor)
+                    applied.view = node = actions.edit(node, edit)
+                    applied.done += [Done(kind, detail, status) for kind, detail in rows]
+                    i += len(rows)
+                    continue
+                case lc.SetCondition(healthy=healthy, reason=reason, message=message):
+                    applied.view = node = actions.set_condition(
+                        node, healthy=healthy, reason=reason, message=message, now=now
+                    )
+                    applied.done.append(Done("condition", {"healthy": healthy, "reason": reason}, status))
+                case lc.Event(reason=reason, message=message, warning=warning, key=key):
+                    actions.event(node, reason=reason, message=message, warning=warning, now=now)
+                    detail: dict[str, Any] = {"reason": reason, "message": message}
+                    if key:
+                        detail["key"] = key
+                    applied.done.append(Done("notify" if key else "event", detail, status))
+                case lc.Release():
+                    applied.view = node = actions.release(node, now=now)
+                    applied.done.append(Done("release", {}, status))
+                case lc.DrainStep():
+                    plan = drain or DrainPlan(started_at=now, options=DrainOptions())
+                    applied.drain = actions.drain_step(
+                        node, started_at=plan.started_at, now=now, options=plan.options
+                    )
+                case lc.StartDrain() | lc.RequestTicket():
+                    pass
+        except KubernetesNotFound:
+            raise
+        except KubernetesError as exc:
+            kind = type(effect).__name__.lower()
+            applied.done.append(Done(kind, {}, ActionStatus.FAILED, error=str(exc)))
+            applied.error = str(exc)
+            return applied
+        i += 1
+    return applied
+
+
+def _edit(
+    effects: list[lc.Effect], start: int, *, incident_id: int | None, now: datetime, actor: str
+) -> tuple[NodeEdit, list[tuple[str, dict[str, Any]]]]:
+    """The run of Cordon/Taint effects from ``start`` as one edit, and their rows."""
+    edit = NodeEdit()
+    rows: list[tuple[str, dict[str, Any]]] = []
+    for effect in effects[start:]:
+        match effect:
+            case lc.Cordon(reason=reason) if edit.cordon is None:
+                own = Ownership(incident_id=incident_id or 0, reason=reason, at=now, actor=actor)
+                edit = NodeEdit(cordon=own, taint=edit.taint)
+                rows.append(("cordon", {"reason": reason}))
+            case lc.Taint(value=value, effect=taint_effect) if edit.taint is None:
+                edit = NodeEdit(cordon=edit.cordon, taint=(value, taint_effect))
+                rows.append(("taint", {"value": value, "effect": taint_effect}))
+            case _:
+                break
+    return edit, rows

@@ -1,0 +1,166 @@
+"""Observe: one node's facts for the lifecycle, from the database and the node read once.
+
+:func:`read` is the reconcile's one read of the node from the API server; :func:`observe` joins it
+with the database (the node row, its open incident and remediation memory, its ticket's status,
+the notifications already sent) and this tick's findings into :class:`~healer.engine.lifecycle.NodeFacts`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from healer.actions.base import NodeActions
+from healer.engine import lifecycle as lc
+from healer.errors import KubernetesError, KubernetesNotFound
+from healer.model.drain import DrainOptions, DrainReport
+from healer.model.findings import Finding, TickFindings
+from healer.model.node import NodeView, OwnershipKeys
+from healer.model.states import NodeState, TicketStatus
+from healer.ruleset.schema import DrainAction
+from healer.store import nodes as repo
+from healer.store.evaluations import finding_from_row
+from healer.store.models import Action, Incident, Node, Ticket
+from healer.store.models import Finding as FindingRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The node as the API server answered this reconcile: its view, gone (404), or the error."""
+
+    view: NodeView | None
+    deleted: bool = False
+    error: str | None = None
+
+
+def read(actions: NodeActions, name: str) -> Seen:
+    """One GET of the node; a 404 is a fact (deleted), another failure an error to retry later."""
+    try:
+        return Seen(actions.read_node(name))
+    except KubernetesNotFound:
+        return Seen(None, deleted=True)
+    except KubernetesError as exc:
+        return Seen(None, error=str(exc))
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Where healer reads its per-node switches: the opt-out and pool labels, the annotation domain."""
+
+    domain: str
+    opt_out_label: str
+    pool_label: str
+
+    def pool(self, view: NodeView | None) -> str:
+        return "default" if view is None else view.labels.get(self.pool_label, "default")
+
+    def opted_out(self, view: NodeView | None) -> bool:
+        return view is not None and view.labels.get(self.opt_out_label, "").lower() == "true"
+
+    def owned(self, view: NodeView | None) -> bool:
+        return view is not None and OwnershipKeys.for_domain(self.domain).cordoned_by in view.annotations
+
+
+@dataclass
+class Observation:
+    """One node's row, open incident and lifecycle facts, read in the reconcile's transaction."""
+
+    node: Node
+    incident: Incident | None
+    facts: lc.NodeFacts
+
+    @property
+    def drain_options(self) -> DrainOptions:
+        """The options the drain started with (a row written before they had their own shape holds
+        the rule's ``drain`` action)."""
+        stored = (self.incident.drain_options if self.incident else None) or {}
+        if "timeout_seconds" in stored:
+            return DrainOptions(**stored)
+        return DrainAction.model_validate(stored).options()
+
+
+def observe(
+    session: Session,
+    name: str,
+    seen: Seen,
+    *,
+    labels: Labels,
+    findings: TickFindings | None,
+    now: datetime,
+    drain_due: bool = False,
+    drain: DrainReport | None = None,
+) -> Observation:
+    """The node's facts now. A non-healthy node without an open incident gets one (its record needs
+    one); the node's unattached findings are hung on the open incident."""
+    view = seen.view
+    node = repo.get_or_create_node(session, name, now=now, pool=labels.pool(view))
+    if view is not None:
+        node.pool = labels.pool(view)
+    incident = repo.open_incident(session, node)
+    if incident is None and node.state not in (NodeState.HEALTHY, NodeState.UNKNOWN):
+        incident = repo.ensure_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
+    if incident is not None:
+        repo.attach_findings(session, node, incident)
+    facts = lc.NodeFacts(
+        name=node.name,
+        state=NodeState(node.state),
+        incident=_incident_facts(session, incident),
+        firing=tuple(findings.firing.get(name, ())) if findings else (),
+        pending=tuple(findings.pending.get(name, ())) if findings else (),
+        unknown=bool(findings and name in findings.unknown),
+        frozen_rules=findings.frozen_rules if findings else frozenset(),
+        view=view,
+        deleted=seen.deleted,
+        drain_due=drain_due,
+        drain=drain,
+        notified=_notified(session, node),
+        owned=labels.owned(view),
+    )
+    return Observation(node=node, incident=incident, facts=facts)
+
+
+def _incident_facts(session: Session, incident: Incident | None) -> lc.IncidentFacts | None:
+    if incident is None:
+        return None
+    status = session.scalar(
+        select(Ticket.status).where(Ticket.incident_id == incident.id).order_by(Ticket.id.desc()).limit(1)
+    )
+    return incident_facts(incident, ticket=TicketStatus(status) if status else None)
+
+
+def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) -> lc.IncidentFacts:
+    """The incident row's remediation memory as the lifecycle reads it."""
+    return lc.IncidentFacts(
+        id=incident.id,
+        rule=incident.rule,
+        cordoned_by_healer=bool(incident.cordoned_by_healer),
+        expect_unschedulable=incident.expect_unschedulable,
+        drain_started_at=incident.drain_started_at,
+        blocked_step=incident.blocked_step,
+        clear_since=incident.clear_since,
+        ticket=ticket,
+    )
+
+
+def _notified(session: Session, node: Node) -> frozenset[str]:
+    details = session.scalars(
+        select(Action.detail).where(Action.node_id == node.id, Action.kind == "notify")
+    ).all()
+    return frozenset(str(d["key"]) for d in details if d and d.get("key"))
+
+
+def recorded_findings(session: Session, node: Node, incident: Incident) -> list[Finding]:
+    """The incident's findings as detection recorded them (for a ticket requested outside a tick)."""
+    rows = session.scalars(
+        select(FindingRow).where(
+            (FindingRow.incident_id == incident.id)
+            | ((FindingRow.node_name == node.name) & FindingRow.resolved_at.is_(None))
+        )
+    ).all()
+    return [finding_from_row(r) for r in rows if r.fired_at is not None]

@@ -1,0 +1,242 @@
+"""The two passes the scheduler runs (only the leader, each with ``now``), both through
+:meth:`~healer.controller.reconcile.Reconciler.reconcile`:
+
+* :func:`remediate` (every tick, after evaluation): sync the fleet, judge the circuit breaker once,
+  then reconcile every node with findings or not healthy;
+* :func:`advance_drains` (every ``scheduler.drain_interval_seconds``): reconcile every ``draining``
+  node with a drain round due: one ``kubectl drain`` step, then the step its report calls for
+  (done → ``awaiting_repair`` + ticket; past the deadline → ``blocked`` with the pods and
+  PodDisruptionBudgets named and a ``HealerDrainBlocked`` Event).
+
+Everything needed to resume lives in the database (state, incident, drain start and options,
+ownership, recovery clock) and on the node (ownership annotations), so a new process picks up a
+drain where the old one left it (Cluster API MachineHealthCheck measures from persisted times for
+the same reason). A node whose reconcile failed is backed off (:mod:`healer.controller.backoff`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.actions.base import NodeActions
+from healer.config import Settings
+from healer.controller import fleet as fleet_facts
+from healer.controller.backoff import Backoff
+from healer.controller.observe import Labels, Seen, read
+from healer.controller.reconcile import NodeOutcome, Reconciler
+from healer.engine import safety
+from healer.model.findings import TickFindings
+from healer.model.states import ActionStatus, NodeState
+from healer.ruleset.schema import RuleSet
+from healer.store import nodes as repo
+from healer.store.models import Node
+from healer.store.session import transaction
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RemediationResult:
+    """One pass: per-node outcomes and the switches."""
+
+    at: datetime
+    outcomes: list[NodeOutcome] = field(default_factory=list)
+    paused: bool = False
+    breaker_tripped: bool = False
+    breaker: safety.BreakerVerdict | None = None
+    held: list[str] = field(default_factory=list)  # nodes the breaker held back (all so far)
+
+    def states(self) -> dict[str, str]:
+        """node → the state it ended in (nodes that moved)."""
+        return {o.node: o.to_state for o in self.outcomes if o.to_state is not None}
+
+    def refused(self) -> dict[str, str]:
+        """node → the last refusal reason (``budget``, ``breaker``, ``paused`` ...)."""
+        return {o.node: o.refused for o in self.outcomes if o.refused}
+
+
+def _reconciler(
+    settings: Settings,
+    pass_inputs: tuple[RuleSet, NodeActions, sessionmaker[Session], datetime, str],
+    *,
+    findings: TickFindings | None = None,
+    recovery_hold_seconds: float | None = None,
+) -> Reconciler:
+    """The pass's reconciler from (rules, actions, sessions, now, actor) and the settings."""
+    rules, actions, sessions, now, actor = pass_inputs
+    k = settings.kubernetes
+    hold = settings.safety.recovery_hold_seconds if recovery_hold_seconds is None else recovery_hold_seconds
+    return Reconciler(
+        rules=rules,
+        actions=actions,
+        sessions=sessions,
+        labels=Labels(domain=k.domain, opt_out_label=k.opt_out_label, pool_label=k.pool_label),
+        now=now,
+        actor=actor,
+        recovery_hold_seconds=hold,
+        findings=findings,
+    )
+
+
+def _reconcile_all(
+    rec: Reconciler,
+    names: list[str],
+    seen: Mapping[str, Seen],
+    state: safety.SafetyState,
+    result: RemediationResult,
+    backoff: Backoff,
+    states: Mapping[str, str],
+    **kw: object,
+) -> None:
+    for name in names:
+        if name not in seen:
+            continue  # backing off
+        if seen[name].error is not None:
+            outcome = NodeOutcome(name, states.get(name, NodeState.HEALTHY), None, error=seen[name].error)
+        else:
+            state, outcome = rec.reconcile(name, state, seen[name], **kw)  # type: ignore[arg-type]
+        result.outcomes.append(outcome)
+        if outcome.error:
+            backoff.failed(name, outcome.error, rec.now)
+        else:
+            backoff.succeeded(name)
+
+
+def remediate(
+    *,
+    findings: TickFindings,
+    rules: RuleSet,
+    actions: NodeActions,
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    now: datetime,
+    actor: str = "healer",
+    fleet: Mapping[str, str] | None = None,
+    recovery_hold_seconds: float | None = None,
+    backoff: Backoff | None = None,
+) -> RemediationResult:
+    """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
+
+    Args:
+        findings: this tick's findings (``healer.engine.evaluation``).
+        rules: the rule set the findings came from (actions, drain options, recovery hold).
+        actions: the Kubernetes adapter (or the dry-run recorder); every call is idempotent.
+        session_factory: one short transaction per node step.
+        settings: ``safety`` (budget, breaker, windows) and ``kubernetes`` (opt-out and pool
+            labels, annotation domain).
+        now: the tick's time (aware UTC).
+        actor: who the transitions and actions are recorded as.
+        fleet: node → pool of every node in the cluster, when known (sizes the budget's % and the
+            breaker's %); otherwise the nodes healer has recorded.
+        recovery_hold_seconds: how long a validating node must stay clear before it is handed
+            back, counted from when its last finding resolved (after the rule's ``keep_firing_for``);
+            default ``settings.safety.recovery_hold_seconds``.
+        backoff: the controller's per-node backoff (nodes failing recently are skipped).
+
+    Returns:
+        The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
+
+    The circuit breaker is judged once per tick, before any node moves; when it trips, no node
+    is quarantined that tick or after until ``healer breaker reset``. A quiet tick (no candidates)
+    costs a constant number of SQL statements whatever the fleet's size.
+    """
+    backoff = backoff or Backoff()
+    limits = settings.safety.limits()
+    inputs = (rules, actions, session_factory, now, actor)
+    rec = _reconciler(settings, inputs, findings=findings, recovery_hold_seconds=recovery_hold_seconds)
+    result = RemediationResult(at=now)
+    with transaction(session_factory) as session:
+        if fleet:
+            repo.sync_nodes(session, fleet, now=now, fleet_wide=True)
+        names = fleet_facts.candidates(session, findings)
+    seen = {name: read(actions, name) for name in names if not backoff.waiting(name, now)}
+    with transaction(session_factory) as session:
+        pools = {name: rec.labels.pool(s.view) for name, s in seen.items() if s.view is not None}
+        pools = {name: pool for name, pool in pools.items() if not fleet or fleet.get(name) != pool}
+        if pools:
+            repo.sync_nodes(session, pools, now=now, fleet_wide=False)
+        rows = session.execute(select(Node.name, Node.state).where(Node.name.in_(names)))
+        states: dict[str, str] = {name: st for name, st in rows}
+        paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
+        breaker_row = repo.get_switch(session, repo.SWITCH_BREAKER)
+        fleet_size = len(fleet) if fleet else session.scalar(select(func.count(Node.id))) or 0
+        verdict = safety.breaker(
+            turned_bad=fleet_facts.turned_bad(findings, rules),
+            fleet_size=fleet_size,
+            settings=limits,
+            now=now,
+            reset_at=fleet_facts.parse_time(breaker_row.get("reset_at")),
+        )
+        tripped = bool(breaker_row.get("tripped"))
+        if not tripped and verdict.trip:
+            tripped = True
+            breaker_row = {
+                "tripped": True,
+                "reason": verdict.reason,
+                "tripped_at": now.isoformat(),
+                "held": [],
+                "nodes": list(verdict.nodes),
+            }
+            repo.set_switch(session, repo.SWITCH_BREAKER, breaker_row, now=now, by=actor)
+            repo.record_action(
+                session,
+                kind="breaker_trip",
+                status=ActionStatus.SUCCEEDED,
+                actor=actor,
+                now=now,
+                target="healer",
+                detail={"reason": verdict.reason, "nodes": list(verdict.nodes)},
+            )
+            log.warning("circuit breaker tripped: %s", verdict.reason)
+        rec.held = list(breaker_row.get("held", [])) if tripped else []
+        usage = fleet_facts.pool_usage(session) if names else {}
+    state = safety.SafetyState(settings=limits, now=now, paused=paused, breaker_tripped=tripped, pools=usage)
+    result.paused, result.breaker_tripped, result.breaker = paused, tripped, verdict
+    held_before = list(rec.held)
+    _reconcile_all(rec, fleet_facts.order(names, findings, states), seen, state, result, backoff, states)
+    if tripped and rec.held != held_before:
+        with transaction(session_factory) as session:
+            row = repo.get_switch(session, repo.SWITCH_BREAKER)
+            row["held"] = sorted(set(row.get("held", [])) | set(rec.held))
+            repo.set_switch(session, repo.SWITCH_BREAKER, row, now=now, by=actor)
+    result.held = sorted(rec.held)
+    return result
+
+
+def advance_drains(
+    *,
+    rules: RuleSet,
+    actions: NodeActions,
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    now: datetime,
+    actor: str = "healer",
+    backoff: Backoff | None = None,
+) -> RemediationResult:
+    """One drain round for every ``draining`` node, resumed from the database.
+
+    The drain's start (its deadline runs from there), its options (the rule's at start) and the
+    incident are read from the ``incidents`` row, so a restarted controller goes on where the last
+    one stopped, without repeating what was done. A node a human uncordoned is not drained: it
+    becomes ``released``. A paused controller or a maintenance window skips the round (refusal
+    recorded once); the deadline keeps running.
+    """
+    backoff = backoff or Backoff()
+    rec = _reconciler(settings, (rules, actions, session_factory, now, actor))
+    result = RemediationResult(at=now)
+    with transaction(session_factory) as session:
+        names = [n.name for n in repo.nodes_in_states(session, [NodeState.DRAINING])]
+        paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
+        result.breaker_tripped = bool(repo.get_switch(session, repo.SWITCH_BREAKER).get("tripped"))
+    result.paused = paused
+    state = safety.SafetyState(settings=settings.safety.limits(), now=now, paused=paused)
+    seen = {name: read(actions, name) for name in names if not backoff.waiting(name, now)}
+    states = dict.fromkeys(names, NodeState.DRAINING.value)
+    _reconcile_all(rec, names, seen, state, result, backoff, states, max_steps=2, drain_due=True)
+    return result

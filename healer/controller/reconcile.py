@@ -1,0 +1,257 @@
+"""One node's reconcile, in the style of controller-runtime's ``Reconcile``, used by both passes.
+
+::
+
+    read the node once ─> observe ─> decide ─> judge ─> apply ─> record ─┐
+                          (database    (engine.   (engine.  (Node-    (one   │ up to max_steps,
+                           + the node)  lifecycle) safety)  Actions)   txn)  │ from the node as the
+                              ▲                                              │ last write left it
+                              └──────────────────────────────────────────────┘
+
+Each step is short: one transaction observes, decides and judges (a refusal is recorded there);
+the Kubernetes effects run with no transaction open; one transaction records the step. The
+effects run before the record and are idempotent, so a crash in between repeats them harmlessly
+next time instead of leaving the database claiming a cordon that never happened (which would
+read as a human uncordon).
+
+A :class:`~healer.errors.KubernetesError` ends the reconcile with the failed effect recorded (the
+pass backs the node off); ``KubernetesNotFound`` means the node was deleted: its incident closes
+and its budget slot frees. Database errors propagate (the pass fails and is retried whole).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.actions.base import NodeActions
+from healer.controller.apply import Applied, DrainPlan, apply
+from healer.controller.observe import Labels, Observation, Seen, observe
+from healer.controller.record import Recorder
+from healer.engine import lifecycle as lc
+from healer.engine import safety
+from healer.errors import KubernetesNotFound
+from healer.model.drain import DrainReport
+from healer.model.findings import TickFindings
+from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
+from healer.ruleset.schema import RuleSet
+from healer.store import nodes as repo
+from healer.store.session import transaction
+
+#: Steps one node may take in one tick (healthy → suspect → quarantined → draining at most).
+MAX_STEPS_PER_TICK = 4
+#: States after which a reconcile stops: the next step needs new evidence or a human.
+_SETTLED = frozenset({NodeState.HEALTHY, NodeState.RELEASED, NodeState.BLOCKED})
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """What happened to one node in one pass.
+
+    ``to_state`` is None when the node stayed; ``refused`` is the safety reason when a step was
+    refused; ``error`` the Kubernetes error when an effect (or the read) failed.
+    """
+
+    node: str
+    from_state: str
+    to_state: str | None
+    step: str = ""
+    refused: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class _Plan:
+    """One step as decided and judged: the step (None = nothing to do), the notices approved, the
+    refusal (and whether it blocked the node), and what applying it needs."""
+
+    from_state: str
+    step: lc.Step | None
+    notices: list[lc.Step]
+    incident_id: int | None
+    drain: DrainPlan
+    refusal: safety.Decision | None = None
+    blocked: bool = False
+
+
+@dataclass
+class Reconciler:
+    """A pass's fixed inputs: the rules, the adapter, the database, the time and this tick's
+    findings (None in the drain pass). ``held`` collects the nodes the circuit breaker held back."""
+
+    rules: RuleSet
+    actions: NodeActions
+    sessions: sessionmaker[Session]
+    labels: Labels
+    now: datetime
+    actor: str
+    recovery_hold_seconds: float
+    findings: TickFindings | None = None
+    held: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ctx = lc.Context(
+            rules=self.rules, now=self.now, recovery_hold_seconds=self.recovery_hold_seconds
+        )
+        self.record = Recorder(
+            actor=self.actor, now=self.now, audited=self.actions.status == ActionStatus.DRY_RUN
+        )
+
+    def reconcile(
+        self,
+        name: str,
+        state: safety.SafetyState,
+        seen: Seen,
+        *,
+        max_steps: int = MAX_STEPS_PER_TICK,
+        drain_due: bool = False,
+    ) -> tuple[safety.SafetyState, NodeOutcome]:
+        """Take ``name`` up to ``max_steps`` steps from ``seen`` (its one read this pass).
+
+        ``drain_due`` (the drain pass) lets a draining node take one drain round, then the step its
+        report calls for. Returns the safety state (budget used so far) and the node's outcome.
+        """
+        outcome: NodeOutcome | None = None
+        report: DrainReport | None = None
+        for i in range(max_steps):
+            plan, state = self._plan(name, seen, state, notices=i == 0, drain_due=drain_due, report=report)
+            outcome = outcome or NodeOutcome(name, plan.from_state, None)
+            for notice in plan.notices:
+                self._notify(name, seen, notice)
+            step = plan.step
+            if step is None:
+                return state, outcome
+            if plan.refusal is not None:
+                to = NodeState.BLOCKED.value if plan.blocked else outcome.to_state
+                return state, replace(outcome, to_state=to, step=step.row, refused=str(plan.refusal.reason))
+            try:
+                applied = self._apply(seen, plan)
+            except KubernetesNotFound:
+                seen, report = Seen(None, deleted=True), None
+                continue
+            if applied.error is not None:
+                self._record(name, plan, applied)
+                return state, replace(outcome, step=step.row, error=applied.error)
+            self._record(name, plan, applied)
+            seen, report = Seen(applied.view, deleted=seen.deleted), applied.drain
+            if report is not None:
+                continue  # the drain round's report decides the next step
+            outcome = replace(outcome, to_state=str(step.to) if step.to else outcome.to_state, step=step.row)
+            if step.to is None or step.to in _SETTLED:
+                return state, outcome
+        assert outcome is not None
+        return state, outcome
+
+    # -- the stages --
+
+    def _plan(
+        self,
+        name: str,
+        seen: Seen,
+        state: safety.SafetyState,
+        *,
+        notices: bool,
+        drain_due: bool,
+        report: DrainReport | None,
+    ) -> tuple[_Plan, safety.SafetyState]:
+        """Observe → decide → judge, in one transaction (a refusal is recorded there)."""
+        with transaction(self.sessions) as session:
+            obs = observe(
+                session,
+                name,
+                seen,
+                labels=self.labels,
+                findings=self.findings,
+                now=self.now,
+                drain_due=drain_due,
+                drain=report,
+            )
+            wanted = lc.notices(obs.facts, self.ctx) if notices else []
+            approved, state = self._judge_notices(session, obs, wanted, state)
+            plan = _Plan(
+                from_state=obs.node.state,
+                step=lc.decide(obs.facts, self.ctx),
+                notices=approved,
+                incident_id=obs.incident.id if obs.incident else None,
+                drain=DrainPlan(
+                    started_at=(obs.incident.drain_started_at if obs.incident else None) or self.now,
+                    options=obs.drain_options,
+                ),
+            )
+            if plan.step is not None:
+                decision, state = safety.judge(self._request(obs, plan.step), state)
+                if not decision.approved:
+                    plan.refusal = decision
+                    plan.blocked = self.record.refusal(session, obs.node, plan.step, decision)
+                    if decision.reason == safety.Refusal.BREAKER and name not in self.held:
+                        self.held.append(name)
+        return plan, state
+
+    def _apply(self, seen: Seen, plan: _Plan) -> Applied:
+        """The step's effects on the node as last seen (no transaction open)."""
+        assert plan.step is not None
+        if seen.view is None:  # a deleted node: its step is a record only
+            return Applied(view=None)
+        return apply(
+            self.actions,
+            seen.view,
+            plan.step,
+            incident_id=plan.incident_id,
+            now=self.now,
+            actor=self.actor,
+            drain=plan.drain,
+        )
+
+    def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
+        """The step (or its failure) in one transaction; a drain round updates the drain's row."""
+        step = plan.step
+        assert step is not None
+        firing = list(self.findings.firing.get(name, ())) if self.findings else []
+        with transaction(self.sessions) as session:
+            node = repo.get_or_create_node(session, name, now=self.now)
+            done = applied.done
+            if any(isinstance(e, lc.DrainStep) for e in step.effects):
+                self.record.drain_progress(session, node, error=applied.error, report=applied.drain)
+                done = [d for d in done if d.kind != "drainstep"]  # the drain's row holds the round
+            if applied.error is not None:
+                self.record.effects(session, node, repo.open_incident(session, node), done, step)
+            else:
+                self.record.step(session, node, step, done, firing=firing)
+
+    # -- helpers --
+
+    def _request(self, obs: Observation, step: lc.Step) -> safety.Request:
+        view = obs.facts.view
+        return safety.Request(
+            node=obs.node.name,
+            kind=step.kind,
+            pool=obs.node.pool,
+            opted_out=self.labels.opted_out(view),
+            already_out=step.already_out or obs.node.state in OUT_OF_SERVICE,
+        )
+
+    def _judge_notices(
+        self, session: Session, obs: Observation, notices: list[lc.Step], state: safety.SafetyState
+    ) -> tuple[list[lc.Step], safety.SafetyState]:
+        approved = []
+        for notice in notices:
+            decision, state = safety.judge(self._request(obs, notice), state)
+            if decision.approved:
+                approved.append(notice)
+            else:
+                self.record.refusal(session, obs.node, notice, decision)
+        return approved, state
+
+    def _notify(self, name: str, seen: Seen, notice: lc.Step) -> None:
+        """Send a notify rule's Event and record it (its key keeps it from being sent twice)."""
+        if seen.view is None:
+            return
+        try:
+            applied = apply(self.actions, seen.view, notice, incident_id=None, now=self.now, actor=self.actor)
+        except KubernetesNotFound:
+            return
+        with transaction(self.sessions) as session:
+            node = repo.get_or_create_node(session, name, now=self.now)
+            self.record.effects(session, node, repo.open_incident(session, node), applied.done, notice)

@@ -1,0 +1,204 @@
+"""Record: one step's transition, remediation memory, audit rows and ticket, in the caller's
+transaction (the outbox row is written with the step, so a ticket exists iff its step does)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from healer.controller.apply import Done
+from healer.controller.observe import incident_facts, recorded_findings
+from healer.engine import lifecycle as lc
+from healer.engine import safety
+from healer.model.drain import DrainReport
+from healer.model.findings import Finding
+from healer.model.states import ActionStatus, NodeState
+from healer.store import nodes as repo
+from healer.store.models import Action, Incident, Node
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """Who records (``actor``) and when (``now``); ``audited`` is true when the action adapter writes
+    its own rows for what it applies (the dry-run recorder), so only notifications and failures are
+    added here."""
+
+    actor: str
+    now: datetime
+    audited: bool = False
+
+    def step(
+        self, session: Session, node: Node, step: lc.Step, done: Sequence[Done], *, firing: list[Finding]
+    ) -> None:
+        """Incident changes, memory, drain start, audit rows, tickets, transition."""
+        now = self.now
+        incident = repo.open_incident(session, node)
+        if step.new_incident and incident is not None:
+            repo.close_incident(session, node, now=now, reason=step.close_incident or "superseded")
+            session.flush()
+            incident = None
+        if incident is None and (step.open_incident or step.new_incident):
+            incident = repo.ensure_incident(session, node, now=now, summary=step.reason)
+            repo.attach_findings(session, node, incident)
+        if incident is not None:
+            _remember(incident, step)
+        for effect in step.effects:
+            if isinstance(effect, lc.StartDrain) and incident is not None:
+                incident.drain_started_at = now
+                incident.drain_options = asdict(effect.options)
+                repo.record_action(
+                    session,
+                    kind="drain",
+                    status=ActionStatus.RUNNING,
+                    actor=self.actor,
+                    now=now,
+                    node=node,
+                    incident=incident,
+                    detail={"rule": effect.rule, "options": incident.drain_options},
+                )
+        self.effects(session, node, incident, done, step)
+        tickets = [e for e in step.effects if isinstance(e, lc.RequestTicket)]
+        if tickets and incident is not None:
+            from healer.tickets.outbox import request_ticket
+
+            evidence = firing or recorded_findings(session, node, incident)
+            for t in tickets:
+                request_ticket(
+                    session,
+                    incident=incident,
+                    node=node,
+                    provider=t.provider,
+                    template=t.template,
+                    findings=evidence,
+                    now=now,
+                )
+        if step.to is not None:
+            repo.transition(
+                session,
+                node,
+                step.to,
+                now=now,
+                actor=self.actor,
+                reason=step.reason,
+                evidence=step.evidence,
+                incident=incident,
+            )
+        if step.close_incident is not None and not step.new_incident:
+            repo.close_incident(session, node, now=now, reason=step.close_incident)
+
+    def effects(
+        self, session: Session, node: Node, incident: Incident | None, done: Sequence[Done], step: lc.Step
+    ) -> None:
+        """One audit row per effect performed (and one for the effect that failed)."""
+        for d in done:
+            if self.audited and d.kind != "notify" and d.error is None:
+                continue
+            repo.record_action(
+                session,
+                kind=d.kind,
+                status=d.status,
+                actor=self.actor,
+                now=self.now,
+                node=node,
+                incident=incident,
+                error=d.error,
+                detail={**d.detail, "step": step.row},
+            )
+
+    def refusal(self, session: Session, node: Node, step: lc.Step, decision: safety.Decision) -> bool:
+        """Record a refused step once per reason while the node stays in its state; a refusal that
+        blocks moves the node to ``blocked``. Returns whether the node moved."""
+        incident = repo.open_incident(session, node)
+        reason = str(decision.reason)
+        seen = session.scalar(
+            select(Action.id)
+            .where(
+                Action.node_id == node.id,
+                Action.kind == str(step.kind),
+                Action.status == ActionStatus.REFUSED,
+                Action.error == reason,
+                Action.created_at >= node.state_since,
+            )
+            .limit(1)
+        )
+        if seen is None:
+            repo.record_action(
+                session,
+                kind=str(step.kind),
+                status=ActionStatus.REFUSED,
+                actor=self.actor,
+                now=self.now,
+                node=node,
+                incident=incident,
+                error=reason,
+                detail={"message": decision.message, "wanted": step.to and str(step.to), "step": step.row},
+            )
+        if not decision.blocks:
+            return False
+        if incident is not None:
+            if incident.blocked_step is None:
+                incident.blocked_step = "quarantine"
+            incident.blocked_reason = f"{reason}: {decision.message}"
+        if node.state == NodeState.BLOCKED:
+            return False
+        repo.transition(
+            session,
+            node,
+            NodeState.BLOCKED,
+            now=self.now,
+            actor=self.actor,
+            reason=f"{reason}: {decision.message}",
+            evidence=step.evidence,
+            incident=incident,
+        )
+        return True
+
+    def drain_progress(
+        self, session: Session, node: Node, *, error: str | None, report: DrainReport | None
+    ) -> None:
+        """Update the drain's action row: attempts, evicted pods so far, and its final status."""
+        row = session.scalar(
+            select(Action)
+            .where(Action.node_id == node.id, Action.kind == "drain", Action.status == ActionStatus.RUNNING)
+            .order_by(Action.id.desc())
+            .limit(1)
+        )
+        if row is None:
+            return
+        detail = dict(row.detail or {})
+        row.attempts += 1
+        row.updated_at = self.now
+        row.error = error
+        if report is not None:
+            detail["evicted"] = sorted(set(detail.get("evicted", [])) | set(report.evicted))
+            detail["remaining"] = list(report.remaining)
+            detail["kept"] = list(report.kept)
+            if report.deleted:
+                detail["deleted"] = sorted(set(detail.get("deleted", [])) | set(report.deleted))
+            if report.done:
+                row.status = ActionStatus.SUCCEEDED
+            elif report.blocked or report.refused:
+                row.status = ActionStatus.BLOCKED
+                detail["blocked_pods"] = list(report.blocked_pods)
+                detail["budgets"] = list(report.budgets)
+                detail["refused"] = dict(report.refused)
+                row.error = "drain blocked" if report.blocked else "drain refused"
+        row.detail = detail
+
+
+def _remember(incident: Incident, step: lc.Step) -> None:
+    """Write the step's memory (``lifecycle.remember``) to the incident row."""
+    after = lc.remember(incident_facts(incident), step)
+    incident.rule = after.rule
+    incident.cordoned_by_healer = after.cordoned_by_healer
+    incident.expect_unschedulable = after.expect_unschedulable
+    incident.clear_since = after.clear_since
+    if step.memory.blocked_step is not None:
+        incident.blocked_reason = step.reason
+    elif after.blocked_step is None:
+        incident.blocked_reason = None  # the step took the node out of blocked
+    incident.blocked_step = after.blocked_step
