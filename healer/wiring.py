@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.clock import utc_now
+from healer.clock import utc_now as utc_now  # re-exported: the one clock, for the CLI
 from healer.config import Settings
 from healer.errors import StoreError
 from healer.store import migrate
@@ -195,7 +195,7 @@ def build_process(
         sessions,
         clock=clock,
         ruleset_provider=lambda: rules.ruleset,
-        leader_provider=lambda: controller.is_leader,
+        leader_provider=controller.is_leader,
         metrics=metrics,
     )
     return Process(controller=controller, app=app)

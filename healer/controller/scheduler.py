@@ -111,8 +111,8 @@ class Controller:
 
     # -- leadership ------------------------------------------------------------------------------
 
-    @property
     def is_leader(self) -> bool:
+        """True while this replica holds the Lease (re-read at each call: it can change mid-tick)."""
         return self._leader and self.leadership.still_leader(self.clock())
 
     def keep_lease(self) -> None:
@@ -140,7 +140,7 @@ class Controller:
 
     def tick(self) -> None:
         """One evaluation tick: query → evaluate → advance lifecycles → act → record."""
-        if not self.is_leader:
+        if not self.is_leader():
             return
         with self._lock:
             now = self.clock()
@@ -168,7 +168,7 @@ class Controller:
                     self.metrics.set_rule_health(
                         report.rule, str(report.health), evaluated_at_unix=now.timestamp()
                     )
-                if not self.is_leader:
+                if not self.is_leader():
                     return
                 result = remediate(
                     findings=detection.findings,
@@ -226,7 +226,7 @@ class Controller:
 
     def drains(self) -> None:
         """One step of every drain in progress (resumed from the database after a restart)."""
-        if not self.is_leader:
+        if not self.is_leader():
             return
         with self._lock:
             result = advance_drains(
@@ -241,7 +241,7 @@ class Controller:
 
     def outbox(self) -> None:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
-        if not self.is_leader:
+        if not self.is_leader():
             return
         report = deliver_due(
             session_factory=self.session_factory, settings=self.settings, now=self.clock(), client=self.http
@@ -253,7 +253,7 @@ class Controller:
 
     def retention(self) -> None:
         """Delete rule evaluations, old transitions of closed incidents and spent callback nonces."""
-        if not self.is_leader:
+        if not self.is_leader():
             return
         now = self.clock()
         cutoff = now - timedelta(days=self.settings.scheduler.retention_days)
