@@ -131,6 +131,13 @@ class SafetySettings(_Group):
     stale_after_seconds: float = Field(
         120.0, gt=0, description="A node whose exporter has not reported for this long is 'unknown'."
     )
+    allow_missing_providers: bool = Field(
+        False,
+        description=(
+            "Act (dry_run off) even when a rule opens tickets with a provider tickets.providers lacks: "
+            "those nodes are taken out of service and their repair is never asked for."
+        ),
+    )
 
 
 class ProviderSettings(_Group):

@@ -29,6 +29,7 @@ from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
+from healer.tickets.coverage import refuse_acting_without_providers
 
 
 def utc_now() -> datetime:
@@ -77,10 +78,13 @@ def build_process(
         ConfigError: no usable Kubernetes configuration.
         StoreError: the database has no schema.
         RuleError: the rule files are invalid (healer does not start on bad rules).
+        ConfigError: acting (``safety.dry_run`` off) while a rule names a ticket provider that is
+            not configured, without ``safety.allow_missing_providers``.
     """
     identity = identity or default_identity()
     sessions = database(settings, upgrade=upgrade)
     rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
+    refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)
     cluster = KubernetesNodeActions(api_client, settings.kubernetes, identity=identity, clock=clock)
     actions = RecordingNodeActions(cluster, sessions, clock=clock) if settings.safety.dry_run else cluster
