@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -516,6 +517,35 @@ def test_helm_lint_passes(helm: str, render: str) -> None:
     result = _run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", "1.29.0", *RENDERS[render])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def _documented_installs() -> list[tuple[str, list[str]]]:
+    """Every ``helm install`` / ``helm upgrade`` command in README.md and deploy/README.md, as
+    (where, arguments after the chart path); continuation lines joined."""
+    found = []
+    for doc in (REPO / "README.md", DEPLOY / "README.md"):
+        text = doc.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            if not line.lstrip().startswith("helm "):
+                continue
+            words = shlex.split(line.split(" # ")[0], comments=False)
+            if words[:2] in (["helm", "install"], ["helm", "upgrade"]) and "deploy/chart/healer" in words:
+                rest = words[words.index("deploy/chart/healer") + 1 :]
+                found.append((f"{doc.relative_to(REPO)}: {' '.join(words[:3])}", rest))
+    return found
+
+
+def test_the_documented_helm_commands_render(helm: str, tmp_path: Path) -> None:
+    installs = _documented_installs()
+    assert len(installs) >= 4, installs
+    my_values = tmp_path / "my-values.yaml"
+    my_values.write_text(PRODUCTION_VALUES.read_text(encoding="utf-8"), encoding="utf-8")
+    for where, args in installs:
+        args = [a for a in args if a != "--reuse-values"]
+        args = [str(my_values) if a == "my-values.yaml" else a for a in args]
+        # --reuse-values builds on the install before it: render on top of a dry-run install's values.
+        result = _template(helm, *IMAGE, *[a for a in args if a not in ("-n", NAMESPACE)])
+        assert result.returncode == 0, f"{where} {args}: {result.stderr}"
 
 
 def test_the_image_must_name_a_registry(helm: str) -> None:
