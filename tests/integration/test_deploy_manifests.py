@@ -567,6 +567,40 @@ def test_more_than_one_replica_needs_the_csrf_secret(helm: str) -> None:
     assert not any(o["kind"] == "PodDisruptionBudget" for o in objects)
 
 
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("dryrun=false", "dryrun"),  # a misspelled safety switch must not be ignored
+        ("api.anonymousRole=admin", "anonymousRole"),
+        ("settings.rules_paths={/tmp}", "rules_paths"),
+    ],
+)
+def test_values_schema_refuses_mistakes(helm: str, setting: str, complaint: str) -> None:
+    result = _template(helm, *IMAGE, "--set", setting)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert complaint in result.stderr
+
+
+def test_settings_values_merge_under_the_chart_values(helm: str) -> None:
+    result = _template(
+        helm,
+        *IMAGE,
+        "--set",
+        "settings.prometheus.timeout_seconds=5",
+        "--set",
+        "settings.safety.allow_missing_providers=true",
+        "--set",
+        "prometheus.url=http://thanos-query.monitoring.svc:9090",
+    )
+    assert result.returncode == 0, result.stderr
+    settings_map = _one(_documents(result.stdout), "ConfigMap", "healer-settings")
+    settings = yaml.safe_load(settings_map["data"]["healer.yaml"])
+    assert settings["prometheus"] == {"url": "http://thanos-query.monitoring.svc:9090", "timeout_seconds": 5}
+    assert settings["safety"]["allow_missing_providers"] is True
+    assert settings["safety"]["max_unhealthy"] == 2  # the chart's defaults stay
+
+
 def test_every_render_installs_the_same_shape(rendered: dict[str, list[dict[str, Any]]]) -> None:
     expected = {
         ("ServiceAccount", "healer"),
