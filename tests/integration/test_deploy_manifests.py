@@ -38,8 +38,11 @@ import yaml
 import healer
 from healer import cli as healer_cli
 from healer.config import Settings, load_settings
+from healer.errors import ConfigError
+from healer.ruleset.loading import load_ruleset
 from healer.simulator.scenario import load_scenario
 from healer.store import migrate
+from healer.tickets.coverage import refuse_acting_without_providers
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -820,9 +823,17 @@ def test_settings_file_and_env_build_real_settings(
         settings.tickets.callback_secret_file
     } == secret_files
     assert [t.role for t in settings.api.tokens] == ["operator"]
-    # Acting: every provider the default rules open tickets with is configured (else healer refuses).
+    # Acting: every provider the rendered rule pack opens tickets with is configured, so healer starts.
     assert _providers_the_rules_use() <= {p.name for p in settings.tickets.providers}
     assert settings.safety.allow_missing_providers is False
+    pack = tmp_path / "rules"
+    pack.mkdir()
+    for name, text in _one(objects, "ConfigMap", "healer-rules")["data"].items():
+        (pack / name).write_text(text, encoding="utf-8")
+    refuse_acting_without_providers(load_ruleset([pack], promtool=False).rules, settings)
+    without = settings.model_copy(update={"tickets": settings.tickets.model_copy(update={"providers": []})})
+    with pytest.raises(ConfigError, match="provider 'default'"):
+        refuse_acting_without_providers(load_ruleset([pack], promtool=False).rules, without)
 
 
 def test_service_monitor_and_pdb_select_the_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
