@@ -112,12 +112,18 @@ def test_override_or_dry_run_starts_and_says_why_tickets_stay(
             env=_environment(),
         )
     try:
+        # Generous: on a loaded 2-core CI machine start-up (migration, Lease, scheduler) is slow.
+        wait_until(
+            lambda: process.poll() is not None or "controller started" in log.read_text(encoding="utf-8"),
+            timeout=180,
+            what="healer run to start its controller",
+        )
+        assert process.poll() is None, log.read_text(encoding="utf-8")
         wait_until(
             lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200,
             timeout=60,
             what="healer run to serve /healthz",
         )
-        wait_until(lambda: "controller started" in log.read_text(encoding="utf-8"), timeout=30)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
