@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# healer: the controller, plus the fleet simulator and the stand-in provider receiver (healer_dev), one image.
-#   docker build -t healer:0.1.0 .
+# healer: the controller, the fleet simulator and the stand-in provider receiver, one image.
+#   make image IMAGE=registry.example.com/healer     (= docker build -t registry.example.com/healer:0.1.0 .)
 #   docker run --rm -p 8080:8080 healer:0.1.0            # `healer run`, dry-run, SQLite in /var/lib/healer
 #   docker run --rm healer:0.1.0 db upgrade              # any other sub-command
 # No secrets in the image: database URLs and HMAC keys come from the environment or mounted files.

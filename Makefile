@@ -2,7 +2,10 @@
 # make demo ARGS="--duration 420 --headless"   unattended
 # make test                                   the tests (bash .ci/run also installs what they need)
 # make lint                                   ruff, the import-linter layer contracts, mypy --strict
-.PHONY: demo test lint
+# make image IMAGE=registry.example.com/healer the container image, tagged IMAGE:VERSION (then docker push it)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= healer
+.PHONY: demo test lint image
 demo:
 	scripts/demo.sh $(ARGS)
 test:
@@ -11,3 +14,5 @@ lint:
 	ruff check healer healer_dev api tests migrations bench
 	lint-imports
 	mypy
+image:
+	docker build -t $(IMAGE):$(VERSION) .

@@ -31,7 +31,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from healer.testing.k8s_emulator import KubernetesEmulator, node, pod
 from sqlalchemy import Engine, event
 
 from healer.actions.kubernetes import KubernetesNodeActions
@@ -42,6 +41,7 @@ from healer.model.states import FindingState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
+from healer_dev.k8s_emulator import KubernetesEmulator, node, pod
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NODE = "gpu-00"

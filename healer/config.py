@@ -137,6 +137,13 @@ class SafetySettings(_Group):
     recovery_hold_seconds: float = Field(
         300.0, ge=0, description="A repaired node must stay clear this long before it returns to service."
     )
+    allow_missing_providers: bool = Field(
+        False,
+        description=(
+            "Act (dry_run off) even when a rule opens tickets with a provider tickets.providers lacks: "
+            "those nodes are taken out of service and their repair is never asked for."
+        ),
+    )
 
     def limits(self) -> SafetyLimits:
         """The limits as the pure engine takes them (no pydantic in ``healer.engine``)."""

@@ -29,6 +29,7 @@ from healer.config import Settings
 from healer.errors import StoreError
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
+from healer.tickets.coverage import refuse_acting_without_providers
 
 # The adapters, the controller and the dashboard are imported where they are built, so that an
 # operator command (``healer node list``) loads neither the Kubernetes client nor the web framework.
@@ -165,6 +166,8 @@ def build_process(
         ConfigError: no usable Kubernetes configuration.
         StoreError: the database has no schema.
         RuleError: the rule files are invalid (healer does not start on bad rules).
+        ConfigError: acting (``safety.dry_run`` off) while a rule names a ticket provider that is
+            not configured, without ``safety.allow_missing_providers``.
     """
     from healer.actions.kubernetes import make_api_client
     from healer.actions.lease import LeaderElector
@@ -175,6 +178,7 @@ def build_process(
     identity = identity or default_identity()
     sessions = database(settings, upgrade=upgrade)
     rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
+    refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)
     cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)
     metrics = HealerMetrics()

@@ -42,6 +42,7 @@ from healer.sources.base import MetricsSource
 from healer.store import nodes as repo
 from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
 from healer.store.session import transaction
+from healer.tickets.coverage import describe, missing_providers
 from healer.tickets.delivery import deliver_due
 
 log = logging.getLogger(__name__)
@@ -311,14 +312,8 @@ class Controller:
             "DRY-RUN (records what it would do, changes nothing)" if s.safety.dry_run else "acting",
             extra={"identity": self.identity, "tick_seconds": tick_every, "dry_run": s.safety.dry_run},
         )
-        configured = {p.name for p in s.tickets.providers}
-        wanted = {a.provider for r in ruleset.rules for a in r.actions if a.kind == "ticket"}
-        for name in sorted(wanted - configured):
-            log.error(
-                "rules ask for ticket provider %r, which is not configured (tickets.providers): "
-                "its tickets will be recorded but never delivered",
-                name,
-            )
+        for missing in missing_providers(ruleset.rules, s.tickets):
+            log.error("%s: its tickets will be recorded but never delivered", describe(missing))
 
     def stop(self) -> None:
         """Graceful shutdown: let the running job finish its step, then hand the Lease over."""

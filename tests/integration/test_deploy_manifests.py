@@ -1,13 +1,16 @@
-"""The deployment files validate offline: docker-compose.yml, the Dockerfile, and deploy/ (kustomize).
+"""The deployment files validate offline: docker-compose.yml, the Dockerfile, and the Helm chart.
 
 * Compose: the Compose Specification JSON schema vendored in ``deploy/schemas/compose-spec.json``
   (see ``deploy/schemas/README.md``), plus what a schema cannot know: ``depends_on`` targets exist and
   can satisfy their condition, and the healer services' environment builds real
   :class:`healer.config.Settings`.
-* Kubernetes: every overlay rendered by the real kustomize (``kubectl kustomize``), every object
-  validated against the Kubernetes OpenAPI schemas bundled by ``kubernetes-validate`` (strict: unknown
-  fields fail), then the properties we promise: least-privilege RBAC, 2 replicas with probes and a
+* Kubernetes: the chart in deploy/chart/healer rendered by the real ``helm template`` (helm built
+  from its Go module by deploy/scripts/build-helm.sh) with default values and with the example of an
+  acting install, ``helm lint --strict``, every object validated against the Kubernetes OpenAPI
+  schemas bundled by ``kubernetes-validate`` (strict: unknown fields fail), then the properties we
+  promise: least-privilege RBAC covering every call the adapter makes, 2 replicas with probes and a
   non-root, read-only security context, secrets only by reference, the rule pack in sync with rules/.
+  Without helm these skip with one line, unless ``HEALER_REQUIRE_KUBE=1``.
 
 No network, no container engine, no cluster.
 """
@@ -16,9 +19,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,10 @@ import yaml
 import healer
 from healer import cli as healer_cli
 from healer.config import Settings, load_settings
+from healer.errors import ConfigError
+from healer.ruleset.loading import load_ruleset
 from healer.store import migrate
+from healer.tickets.coverage import refuse_acting_without_providers
 from healer_dev.simulator.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,6 +59,7 @@ CLUSTER_PERMISSIONS = {
     ("", "nodes/status", "patch"),
     ("", "pods", "get"),
     ("", "pods", "list"),
+    ("", "pods", "delete"),  # drain's delete_after_timeout
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
@@ -378,31 +388,91 @@ def test_dockerignore_keeps_what_the_image_needs() -> None:
     assert {".git", "tests", ".env"} <= ignored
 
 
-# --- kustomize ----------------------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_image_tags_the_release_the_chart_installs() -> None:
+    # The chart's image.tag defaults to its appVersion: `make image` must build that tag.
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    chart = yaml.safe_load((DEPLOY / "chart" / "healer" / "Chart.yaml").read_text(encoding="utf-8"))
+    assert chart["appVersion"] == version.group(1)
+    result = subprocess.run(
+        ["make", "-n", "image", "IMAGE=registry.example.com/healer"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        cwd=REPO,
+    )
+    assert result.stdout.split() == [
+        "docker",
+        "build",
+        "-t",
+        f"registry.example.com/healer:{version.group(1)}",
+        ".",
+    ]
 
-KUSTOMIZATIONS = ("base", "overlays/dry-run", "overlays/production", "dcgm-exporter")
+
+# --- Helm chart ---------------------------------------------------------------------------------
+
+CHART = DEPLOY / "chart" / "healer"
+PRODUCTION_VALUES = DEPLOY / "chart" / "examples" / "production-values.yaml"
+BUILD_HELM = DEPLOY / "scripts" / "build-helm.sh"
+NAMESPACE = "healer-system"
+#: The one value without a default: no image is published, so the user names their registry.
+IMAGE = ("--set", "image.repository=registry.example.com/healer")
+#: What each render is given besides the chart: default values (and the image), and the example
+#: of an acting install.
+RENDERS: dict[str, tuple[str, ...]] = {
+    "default": IMAGE,
+    "production": ("-f", str(PRODUCTION_VALUES)),
+}
 
 
-def _kustomize_command() -> list[str] | None:
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    return None
+def _helm_binary() -> str | None:
+    """``HEALER_HELM``, else the binary deploy/scripts/build-helm.sh built, else ``helm`` on PATH."""
+    if os.environ.get("HEALER_HELM"):
+        return os.environ["HEALER_HELM"]
+    cached = subprocess.run(
+        ["bash", str(BUILD_HELM), "--path"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.strip()
+    if Path(cached).is_file():
+        return cached
+    return shutil.which("helm")
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict[str, Any]]]:
-    command = _kustomize_command()
-    if command is None:
-        pytest.skip("neither kubectl nor kustomize is installed")
+def helm() -> str:
+    binary = _helm_binary()
+    if binary is None:
+        message = "helm is not built: run bash deploy/scripts/build-helm.sh (builds it from its Go module)"
+        if os.environ.get("HEALER_REQUIRE_KUBE") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return binary
+
+
+def _run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+
+
+def _template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``helm template healer`` into namespace healer-system, for the oldest Kubernetes we support."""
+    return _run_helm(
+        helm, "template", "healer", str(CHART), "--namespace", NAMESPACE, "--kube-version", "1.29.0", *args
+    )
+
+
+def _documents(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
-    for name in KUSTOMIZATIONS:
-        result = subprocess.run(
-            [*command, str(DEPLOY / name)], capture_output=True, text=True, timeout=60, check=False
-        )
-        assert result.returncode == 0, f"kustomize {name}: {result.stderr}"
-        out[name] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    for name, args in RENDERS.items():
+        result = _template(helm, *args)
+        assert result.returncode == 0, f"helm template ({name}): {result.stderr}"
+        out[name] = _documents(result.stdout)
     return out
 
 
@@ -423,9 +493,9 @@ def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _objects(rendered: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for kustomization, objects in rendered.items():
+    for render, objects in rendered.items():
         for obj in objects:
-            yield f"{kustomization}: {obj['kind']}/{obj['metadata']['name']}", obj
+            yield f"{render}: {obj['kind']}/{obj['metadata']['name']}", obj
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -445,9 +515,97 @@ def test_every_object_matches_the_kubernetes_schemas(
     assert unchecked <= {"monitoring.coreos.com/v1/ServiceMonitor"}
 
 
-def test_every_overlay_installs_the_same_shape(rendered: dict[str, list[dict[str, Any]]]) -> None:
+@pytest.mark.parametrize("render", RENDERS)
+def test_helm_lint_passes(helm: str, render: str) -> None:
+    result = _run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", "1.29.0", *RENDERS[render])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def _documented_installs() -> list[tuple[str, list[str]]]:
+    """Every ``helm install`` / ``helm upgrade`` command in README.md and deploy/README.md, as
+    (where, arguments after the chart path); continuation lines joined."""
+    found = []
+    for doc in (REPO / "README.md", DEPLOY / "README.md"):
+        text = doc.read_text(encoding="utf-8").replace("\\\n", " ")
+        for line in text.splitlines():
+            if not line.lstrip().startswith("helm "):
+                continue
+            words = shlex.split(line.split(" # ")[0], comments=False)
+            if words[:2] in (["helm", "install"], ["helm", "upgrade"]) and "deploy/chart/healer" in words:
+                rest = words[words.index("deploy/chart/healer") + 1 :]
+                found.append((f"{doc.relative_to(REPO)}: {' '.join(words[:3])}", rest))
+    return found
+
+
+def test_the_documented_helm_commands_render(helm: str, tmp_path: Path) -> None:
+    installs = _documented_installs()
+    assert len(installs) >= 4, installs
+    my_values = tmp_path / "my-values.yaml"
+    my_values.write_text(PRODUCTION_VALUES.read_text(encoding="utf-8"), encoding="utf-8")
+    for where, args in installs:
+        args = [a for a in args if a != "--reuse-values"]
+        args = [str(my_values) if a == "my-values.yaml" else a for a in args]
+        # --reuse-values builds on the install before it: render on top of a dry-run install's values.
+        result = _template(helm, *IMAGE, *[a for a in args if a not in ("-n", NAMESPACE)])
+        assert result.returncode == 0, f"{where} {args}: {result.stderr}"
+
+
+def test_the_image_must_name_a_registry(helm: str) -> None:
+    result = _template(helm)
+    assert result.returncode != 0
+    assert "image.repository is required" in result.stderr
+    assert "make image" in result.stderr
+
+
+def test_more_than_one_replica_needs_the_csrf_secret(helm: str) -> None:
+    result = _template(helm, *IMAGE, "--set", "api.csrfSecret.name=")
+    assert result.returncode != 0
+    assert "api.csrfSecret.name is required with more than one replica" in result.stderr
+    # One replica signs with a key of its own; no budget would let a drain through, so none is made.
+    single = _template(helm, *IMAGE, "--set", "api.csrfSecret.name=", "--set", "replicas=1")
+    assert single.returncode == 0, single.stderr
+    objects = _documents(single.stdout)
+    assert "HEALER_API__CSRF_SECRET" not in _env(_container(objects))
+    assert not any(o["kind"] == "PodDisruptionBudget" for o in objects)
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("dryrun=false", "dryrun"),  # a misspelled safety switch must not be ignored
+        ("api.anonymousRole=admin", "anonymousRole"),
+        ("settings.rules_paths={/tmp}", "rules_paths"),
+    ],
+)
+def test_values_schema_refuses_mistakes(helm: str, setting: str, complaint: str) -> None:
+    result = _template(helm, *IMAGE, "--set", setting)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert complaint in result.stderr
+
+
+def test_settings_values_merge_under_the_chart_values(helm: str) -> None:
+    result = _template(
+        helm,
+        *IMAGE,
+        "--set",
+        "settings.prometheus.timeout_seconds=5",
+        "--set",
+        "settings.safety.allow_missing_providers=true",
+        "--set",
+        "prometheus.url=http://thanos-query.monitoring.svc:9090",
+    )
+    assert result.returncode == 0, result.stderr
+    settings_map = _one(_documents(result.stdout), "ConfigMap", "healer-settings")
+    settings = yaml.safe_load(settings_map["data"]["healer.yaml"])
+    assert settings["prometheus"] == {"url": "http://thanos-query.monitoring.svc:9090", "timeout_seconds": 5}
+    assert settings["safety"]["allow_missing_providers"] is True
+    assert settings["safety"]["max_unhealthy"] == 2  # the chart's defaults stay
+
+
+def test_every_render_installs_the_same_shape(rendered: dict[str, list[dict[str, Any]]]) -> None:
     expected = {
-        ("Namespace", "healer-system"),
         ("ServiceAccount", "healer"),
         ("ClusterRole", "healer"),
         ("ClusterRoleBinding", "healer"),
@@ -455,24 +613,31 @@ def test_every_overlay_installs_the_same_shape(rendered: dict[str, list[dict[str
         ("RoleBinding", "healer-leader-election"),
         ("Deployment", "healer"),
         ("Service", "healer"),
-        ("ServiceMonitor", "healer"),
         ("PodDisruptionBudget", "healer"),
         ("ConfigMap", "healer-rules"),
+        ("ConfigMap", "healer-settings"),
     }
-    for name in ("base", "overlays/dry-run", "overlays/production"):
-        objects = rendered[name]
+    for name, objects in rendered.items():
         kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
         assert expected <= kinds, name
-        assert any(k == "ConfigMap" and n.startswith("healer-settings-") for k, n in kinds)
         # No secret values in the repository: Secrets are created by the user (deploy/README.md).
         assert not any(o["kind"] == "Secret" for o in objects)
         for obj in objects:
-            if obj["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
-                assert obj["metadata"]["namespace"] == "healer-system", obj["metadata"]["name"]
+            if obj["kind"] in {"ClusterRole", "ClusterRoleBinding"}:
+                continue
+            if obj["metadata"]["name"] == "healer-dcgm-metrics":
+                # For dcgm-exporter, in its namespace (values dcgmExporterCounters.namespace).
+                assert obj["metadata"]["namespace"] == "gpu-operator"
+                continue
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]["name"]
+    # ServiceMonitor is on/off: off by default (it needs the Prometheus Operator CRDs).
+    assert not any(o["kind"] == "ServiceMonitor" for o in rendered["default"])
+    _one(rendered["production"], "ServiceMonitor", "healer")
 
 
-def test_cluster_role_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    objects = rendered["base"]
+@pytest.mark.parametrize("render", RENDERS)
+def test_cluster_role_is_least_privilege(rendered: dict[str, list[dict[str, Any]]], render: str) -> None:
+    objects = rendered[render]
     granted = {
         (group, resource, verb)
         for rule in _one(objects, "ClusterRole", "healer")["rules"]
@@ -495,19 +660,48 @@ def test_cluster_role_is_least_privilege(rendered: dict[str, list[dict[str, Any]
         assert "*" not in json.dumps(rule), rule
     for kind, name in (("ClusterRoleBinding", "healer"), ("RoleBinding", "healer-leader-election")):
         binding = _one(objects, kind, name)
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "healer", "namespace": "healer-system"}
-        ]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer", "namespace": NAMESPACE}]
     assert _one(objects, "RoleBinding")["roleRef"]["name"] == role["metadata"]["name"]
+    assert _one(objects, "ClusterRoleBinding")["roleRef"]["name"] == "healer"
     deployment = _one(objects, "Deployment", "healer")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "healer"
 
 
-@pytest.mark.parametrize("overlay", ["base", "overlays/dry-run", "overlays/production"])
+def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
+    """Every CoreV1/Policy/Events/Coordination method healer/actions calls maps to a granted verb."""
+    calls = set()
+    for path in (REPO / "healer" / "actions").glob("*.py"):
+        calls |= set(re.findall(r"\.((?:create|delete|list|read|patch|replace)_[a-z_]+)\(", path.read_text()))
+    verbs = {"create": "create", "delete": "delete", "list": "list", "read": "get", "patch": "patch"}
+    verbs["replace"] = "update"
+    resources = {
+        "namespaced_pod_eviction": ("", "pods/eviction"),
+        "namespaced_pod": ("", "pods"),
+        "pod_for_all_namespaces": ("", "pods"),
+        "node_status": ("", "nodes/status"),
+        "node": ("", "nodes"),
+        "namespaced_event": ("", "events"),
+        "namespaced_lease": ("coordination.k8s.io", "leases"),
+        "pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets"),
+        "namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets"),
+    }
+    needed = set()
+    for call in sorted(calls):
+        verb, _, rest = call.partition("_")
+        assert rest in resources, (
+            f"healer/actions calls {call}: add its resource here and to the chart's RBAC"
+        )
+        group, resource = resources[rest]
+        needed.add((group, resource, verbs[verb]))
+    assert needed, "no Kubernetes calls found in healer/actions"
+    assert needed <= CLUSTER_PERMISSIONS | LEASE_PERMISSIONS
+
+
+@pytest.mark.parametrize("render", RENDERS)
 def test_deployment_is_ha_probed_and_locked_down(
-    rendered: dict[str, list[dict[str, Any]]], overlay: str
+    rendered: dict[str, list[dict[str, Any]]], render: str
 ) -> None:
-    objects = rendered[overlay]
+    objects = rendered[render]
     deployment = _one(objects, "Deployment", "healer")
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]["spec"]
@@ -515,10 +709,13 @@ def test_deployment_is_ha_probed_and_locked_down(
     assert pod["securityContext"]["runAsUser"] == HEALER_UID
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     container = _container(objects)
+    assert container["image"].startswith("registry.example.com/")
+    assert container["image"].endswith(":0.1.0")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"http": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     for c in [*pod["containers"], *pod.get("initContainers", [])]:
         assert c["securityContext"] == {
             "allowPrivilegeEscalation": False,
@@ -526,6 +723,7 @@ def test_deployment_is_ha_probed_and_locked_down(
             "runAsNonRoot": True,
             "capabilities": {"drop": ["ALL"]},
         }, c["name"]
+        assert c["image"] == container["image"]
         assert set(c["resources"]["requests"]) == {"cpu", "memory"}, c["name"]
         assert "memory" in c["resources"]["limits"], c["name"]
         for name, entry in _env(c).items():
@@ -533,70 +731,113 @@ def test_deployment_is_ha_probed_and_locked_down(
             if name == "HEALER_DATABASE__URL":
                 # The URL holds a password: only ever by reference.
                 assert entry["valueFrom"]["secretKeyRef"] == {"name": "healer-database", "key": "url"}
+            if name in {"HEALER_API__CSRF_SECRET", "HEALER_API__TOKENS"}:
+                assert "value" not in entry and entry["valueFrom"]["secretKeyRef"]["name"], name
     (migrate_init,) = pod["initContainers"]
     assert migrate_init["args"] == ["db", "upgrade"]
     assert container["args"] == ["run"]
-    # Mounted volumes exist, and every ConfigMap they name is part of the install.
+    # Mounted volumes exist, and every ConfigMap they name is part of the install or listed by the
+    # user as one of theirs (rules.extraConfigMaps).
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_maps = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
+    settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])
+    users = {Path(p).name for p in settings["rules_paths"]} - {"default"}
     for c in [*pod["containers"], *pod["initContainers"]]:
         for mount in c["volumeMounts"]:
             volume = volumes[mount["name"]]
             if "configMap" in volume:
-                assert volume["configMap"]["name"] in config_maps
-    assert volumes["provider-secrets"]["secret"]["secretName"] == "healer-provider-secrets"
+                assert volume["configMap"]["name"] in config_maps | users
+    # Every Secret the pod reads is required: a missing one keeps the pod from starting.
+    for source in volumes.get("secrets", {}).get("projected", {}).get("sources", []):
+        assert source["secret"].get("optional") is not True
 
 
 def test_dry_run_is_the_default_and_production_acts(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    def dry_run(overlay: str) -> str:
-        return _env(_container(rendered[overlay]))["HEALER_SAFETY__DRY_RUN"]["value"]
+    def dry_run(render: str) -> str:
+        return _env(_container(rendered[render]))["HEALER_SAFETY__DRY_RUN"]["value"]
 
-    assert dry_run("base") == "true"
-    assert dry_run("overlays/dry-run") == "true"
-    assert dry_run("overlays/production") == "false"
+    assert dry_run("default") == "true"
+    assert dry_run("production") == "false"
     volumes = {
         v["name"]: v
-        for v in _one(rendered["overlays/production"], "Deployment")["spec"]["template"]["spec"]["volumes"]
+        for v in _one(rendered["production"], "Deployment")["spec"]["template"]["spec"]["volumes"]
     }
-    assert volumes["provider-secrets"]["secret"]["optional"] is False
+    # Tickets are part of acting: the provider and callback keys come from required Secrets.
+    secrets = {
+        (s["secret"]["name"], item["key"], item["path"])
+        for s in volumes["secrets"]["projected"]["sources"]
+        for item in s["secret"]["items"]
+    }
+    assert secrets == {
+        ("healer-provider-secrets", "provider-hmac", "providers/default"),
+        ("healer-provider-secrets", "callback-hmac", "callback-hmac"),
+    }
 
 
-@pytest.mark.parametrize("overlay", ["overlays/dry-run", "overlays/production"])
+@pytest.mark.parametrize("render", RENDERS)
 def test_settings_file_and_env_build_real_settings(
     rendered: dict[str, list[dict[str, Any]]],
-    overlay: str,
+    render: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    objects = rendered[overlay]
+    objects = rendered[render]
     container = _container(objects)
     env = _env(container)
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     config_path = Path(env["HEALER_CONFIG"]["value"])
     assert str(config_path.parent) == mounts["config"]
-    (settings_map,) = [
-        o
-        for o in objects
-        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("healer-settings-")
-    ]
+    settings_map = _one(objects, "ConfigMap", "healer-settings")
     config_file = tmp_path / config_path.name
     config_file.write_text(settings_map["data"][config_path.name], encoding="utf-8")
     stand_ins = {
         "HEALER_DATABASE__URL": "postgresql+psycopg://healer:x@postgres.example:5432/healer",
-        "HEALER_KUBERNETES__NAMESPACE": "healer-system",
+        "HEALER_KUBERNETES__NAMESPACE": NAMESPACE,
+        "HEALER_API__CSRF_SECRET": "csrf-key-from-the-secret",
+        "HEALER_API__TOKENS": json.dumps([{"token": "t" * 32, "user": "alice", "role": "operator"}]),
     }
     values = {name: e.get("value", stand_ins.get(name)) for name, e in env.items()}
     assert None not in values.values(), values
     settings = _settings_from_env(values, monkeypatch, config_file=config_file)
-    assert settings.safety.dry_run is (overlay == "overlays/dry-run")
-    assert settings.rules_paths == [Path(mounts["rules"])]
+    assert settings.safety.dry_run is (render == "default")
+    rule_mounts = {Path(path) for name, path in mounts.items() if name.startswith("rules-")}
+    assert set(settings.rules_paths) == rule_mounts and Path(mounts["rules-default"]) in rule_mounts
     assert settings.api.host == "0.0.0.0" and settings.api.port == 8080
-    assert settings.kubernetes.namespace == "healer-system"
+    assert settings.api.csrf_secret == "csrf-key-from-the-secret"
+    assert settings.kubernetes.namespace == NAMESPACE
+    assert settings.kubernetes.lease_name == "healer-leader"
     assert settings.kubernetes.renew_interval_seconds < settings.kubernetes.lease_duration_seconds
+    if render == "default":
+        # Nobody unidentified may act, or even look, until the user chooses otherwise.
+        assert settings.api.anonymous_role == "none"
+        assert settings.tickets.providers == []
+        return
+    # Each provider's key file and the callback key file are where the Secret volume puts them.
+    volumes = {v["name"]: v for v in _one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    secret_files = {
+        Path(mounts["secrets"]) / item["path"]
+        for source in volumes["secrets"]["projected"]["sources"]
+        for item in source["secret"]["items"]
+    }
+    assert {p.secret_file for p in settings.tickets.providers} | {
+        settings.tickets.callback_secret_file
+    } == secret_files
+    assert [t.role for t in settings.api.tokens] == ["operator"]
+    # Acting: every provider the rendered rule pack opens tickets with is configured, so healer starts.
+    assert _providers_the_rules_use() <= {p.name for p in settings.tickets.providers}
+    assert settings.safety.allow_missing_providers is False
+    pack = tmp_path / "rules"
+    pack.mkdir()
+    for name, text in _one(objects, "ConfigMap", "healer-rules")["data"].items():
+        (pack / name).write_text(text, encoding="utf-8")
+    refuse_acting_without_providers(load_ruleset([pack], promtool=False).rules, settings)
+    without = settings.model_copy(update={"tickets": settings.tickets.model_copy(update={"providers": []})})
+    with pytest.raises(ConfigError, match="provider 'default'"):
+        refuse_acting_without_providers(load_ruleset([pack], promtool=False).rules, without)
 
 
 def test_service_monitor_and_pdb_select_the_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    objects = rendered["base"]
+    objects = rendered["production"]
     pod_labels = _one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
     service = _one(objects, "Service", "healer")
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -606,8 +847,9 @@ def test_service_monitor_and_pdb_select_the_pods(rendered: dict[str, list[dict[s
     monitor = _one(objects, "ServiceMonitor", "healer")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["healer-system"]}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("http", "/metrics")]
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     pdb = _one(objects, "PodDisruptionBudget", "healer")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pdb["spec"]["minAvailable"] < _one(objects, "Deployment")["spec"]["replicas"]
@@ -620,21 +862,30 @@ def test_rule_configmap_holds_the_rule_pack(rendered: dict[str, list[dict[str, A
         if p.suffix in {".yaml", ".yml"}
     }
     assert rules, "rules/ has no rule files"
-    data = _one(rendered["base"], "ConfigMap", "healer-rules")["data"]
-    assert data == rules, "deploy/base/rules-configmap.yaml is stale: run python deploy/scripts/sync_rules.py"
+    data = _one(rendered["default"], "ConfigMap", "healer-rules")["data"]
+    assert data == rules, "the chart's rule pack is stale: run python deploy/scripts/sync_rules.py"
+    check = subprocess.run(
+        [sys.executable, str(DEPLOY / "scripts" / "sync_rules.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout
 
 
 def test_dcgm_exporter_counters_configmap(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    config_map = _one(rendered["dcgm-exporter"], "ConfigMap")
+    config_map = _one(rendered["production"], "ConfigMap", "healer-dcgm-metrics")
     counters = (DEPLOY / "dcgm-exporter" / "counters-4.x.csv").read_text(encoding="utf-8")
     assert config_map["data"] == {"dcgm-metrics.csv": counters}
-    assert config_map["metadata"]["name"] == "healer-dcgm-metrics"
+    assert not any(o["metadata"]["name"] == "healer-dcgm-metrics" for o in rendered["default"])
 
 
 def test_no_secret_values_in_deploy() -> None:
+    templates = CHART / "templates"
     for path in DEPLOY.rglob("*"):
-        if path.suffix not in {".yaml", ".yml"}:
-            continue
+        if path.suffix not in {".yaml", ".yml"} or templates in path.parents:
+            continue  # templates are checked rendered, above
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(doc, dict):
                 assert doc.get("kind") != "Secret", f"{path}: create Secrets with kubectl, not in git"
