@@ -15,7 +15,8 @@ from healer.store.session import make_engine, make_sessionmaker
 from tests.services import PostgresServer, postgres_server
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+"""Exporter scrapes the tests serve (see each file's header for how it differs from a real scrape)."""
 
 
 @pytest.fixture(scope="session")
