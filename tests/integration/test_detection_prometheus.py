@@ -541,9 +541,8 @@ def run_cli(*args: str, prometheus_url: str, db_url: str) -> subprocess.Complete
     )
 
 
-def test_cli_evaluate_once(timeline: Timeline, tmp_path: Path) -> None:
-    db_url = f"sqlite:///{tmp_path / 'cli.db'}"
-    migrate.upgrade(db_url)
+def test_cli_evaluate_once(timeline: Timeline, migrated_sqlite_url: str) -> None:
+    db_url = migrated_sqlite_url
     url = timeline.prometheus.url
     done = run_cli("evaluate", "--once", "--format", "json", prometheus_url=url, db_url=db_url)
     assert done.returncode == 0, done.stderr
