@@ -114,7 +114,11 @@ class Receiver:
         self._server = ThreadingHTTPServer((self.host, self.port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="provider-receiver", daemon=True
+            # A short poll so stop() returns promptly (the default 0.5 s is paid on every stop).
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="provider-receiver",
+            daemon=True,
         )
         self._thread.start()
         return self

@@ -63,13 +63,18 @@ class PostgresServer:
     def url(self, database: str) -> str:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> str:
+    def create_database(self, name: str, *, template: str | None = None) -> str:
+        """Create database ``name`` (a copy of database ``template`` when given); return its URL.
+
+        Copying a migrated template is a file copy inside PostgreSQL (milliseconds), where running
+        the migrations again costs about 0.4 s per database.
+        """
         import psycopg
 
         with psycopg.connect(
             f"host=127.0.0.1 port={self.port} user={self.user} dbname=postgres", autocommit=True
         ) as c:
-            c.execute(f'CREATE DATABASE "{name}"')
+            c.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         return self.url(name)
 
     def drop_database(self, name: str) -> None:

@@ -2,8 +2,8 @@
 
 Sources: dcgm-exporter's counters CSVs (``default-counters.csv``, ``dcp-metrics-included.csv``) for
 the DCGM names, types and help texts; node_exporter's ``collector/infiniband_linux.go`` for the
-InfiniBand ones; ``/work/shared/reference/metrics.md`` and the sample scrapes in
-``/work/shared/fixtures/`` for label order and value formats.
+InfiniBand ones; the sample scrapes in ``tests/fixtures/`` (each file says how it differs from a
+real scrape) for label order and value formats.
 """
 
 from __future__ import annotations

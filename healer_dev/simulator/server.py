@@ -203,7 +203,7 @@ class SimulatorServer:
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until :meth:`stop` (or KeyboardInterrupt)."""
-        self._httpd.serve_forever(poll_interval=0.2)
+        self._httpd.serve_forever(poll_interval=0.05)
 
     def start(self) -> SimulatorServer:
         """Serve in a daemon thread; returns self."""

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.errors import QueryError, SourceUnavailable
 from healer.metrics import HealerMetrics
 from healer.sources.prometheus_range import PrometheusRange, node_selector_expr
-from healer.store import migrate
 from healer.store import nodes as repo
 from healer.store.session import make_engine, make_sessionmaker
 from tests.conftest import REPO
@@ -164,9 +163,8 @@ def test_rules_without_a_rule_set_come_from_recorded_evaluations(
     assert "No rule set loaded in this process" in page
 
 
-def test_healer_serve_runs_the_dashboard_standalone(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'healer.db'}"
-    migrate.upgrade(url)
+def test_healer_serve_runs_the_dashboard_standalone(migrated_sqlite_url: str) -> None:
+    url = migrated_sqlite_url
     port = free_port()
     env = {**os.environ, "HEALER_DATABASE__URL": url}
     process = subprocess.Popen(

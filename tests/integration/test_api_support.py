@@ -385,7 +385,9 @@ def dcgm_exporter(node: str, *, gpus: int = 2) -> Iterator[str]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, name="dcgm-exporter", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="dcgm-exporter", daemon=True
+    )
     thread.start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}"

@@ -16,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -533,8 +533,6 @@ def test_hung_prometheus_ends_the_tick_at_its_deadline(timeline: Timeline) -> No
 
 
 def run_cli(*args: str, prometheus_url: str, db_url: str) -> subprocess.CompletedProcess[str]:
-    healer = shutil.which("healer")
-    assert healer, "the healer console script is installed by `pip install -e .`"
     env = {
         **os.environ,
         "HEALER_PROMETHEUS__URL": prometheus_url,
@@ -542,12 +540,19 @@ def run_cli(*args: str, prometheus_url: str, db_url: str) -> subprocess.Complete
         "HEALER_RULES_PATHS": json.dumps([str(REPO / "rules")]),
         "HEALER_DATABASE__URL": db_url,
     }
-    return subprocess.run([healer, *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+    # The interpreter running the tests, so it works outside an activated virtual environment.
+    return subprocess.run(
+        [sys.executable, "-m", "healer", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
-def test_cli_evaluate_once(timeline: Timeline, tmp_path: Path) -> None:
-    db_url = f"sqlite:///{tmp_path / 'cli.db'}"
-    migrate.upgrade(db_url)
+def test_cli_evaluate_once(timeline: Timeline, migrated_sqlite_url: str) -> None:
+    db_url = migrated_sqlite_url
     url = timeline.prometheus.url
     done = run_cli("evaluate", "--once", "--format", "json", prometheus_url=url, db_url=db_url)
     assert done.returncode == 0, done.stderr

@@ -1,4 +1,7 @@
-"""The Alembic migrations and the SQLAlchemy models agree, on SQLite and on PostgreSQL."""
+"""The Alembic migrations and the SQLAlchemy models agree, on SQLite and on PostgreSQL.
+
+Other tests copy a template migrated once per session; here every database is migrated for real.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,15 @@ from sqlalchemy import Engine, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.store import migrate
 from healer.store.models import Base, Incident, Node
+
+
+@pytest.fixture
+def migrated_db_url(db_url: str) -> str:
+    """``db_url`` with the schema created by running the Alembic migrations (no template)."""
+    migrate.upgrade(db_url)
+    return db_url
 
 
 def test_upgrade_creates_every_table(engine: Engine) -> None:

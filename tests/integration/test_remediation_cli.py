@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -11,7 +10,6 @@ from typer.testing import CliRunner
 
 from healer.cli import app
 from healer.engine.states import NodeState
-from healer.store import migrate
 from healer.store import nodes as repo
 from healer.store.models import Action
 from healer.store.session import make_engine, make_sessionmaker, transaction
@@ -20,9 +18,8 @@ T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"sqlite:///{tmp_path / 'healer.db'}"
-    migrate.upgrade(url)
+def db(migrated_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = migrated_sqlite_url
     monkeypatch.setenv("HEALER_DATABASE__URL", url)
     monkeypatch.setenv("USER", "alice")
     return url

@@ -1,6 +1,6 @@
 """The default rule pack on a real Prometheus scraping real exporter samples.
 
-The shared fixtures (``../shared/fixtures``) are one dcgm-exporter scrape of ``gpu-node-07``
+The fixtures (``tests/fixtures``) are one dcgm-exporter scrape of ``gpu-node-07``
 (8 H100s; GPU 3 hot at 84 C, clock event reasons 72 = hw_slowdown|hw_thermal, tensor activity 0.18
 against ~0.41 on its peers while its graphics engine is 99 % busy, last Xid 79; GPU 5 with NVLink
 CRC/replay error totals) and one node_exporter InfiniBand scrape (mlx5_4 flapping: link_downed 7,
@@ -17,13 +17,12 @@ import pytest
 
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule
-from tests.conftest import REPO, SHARED
+from tests.conftest import FIXTURES, REPO
 from tests.exposition import Pages, node_of, serve, target_of
 from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
 
 pytestmark = pytest.mark.prometheus
 
-FIXTURES = SHARED / "fixtures"
 NODE = "gpu-node-07"
 GPU3 = {
     "gpu": "3",

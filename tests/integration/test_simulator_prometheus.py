@@ -133,7 +133,13 @@ def test_healer_simulate_serves_the_demo_and_writes_file_sd_that_promtool_accept
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, what="healer simulate")
+        # Start-up only (imports, 64 nodes' templates); a loaded machine running tests in parallel
+        # has been seen to need over 30 s.
+        wait_until(
+            lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200,
+            timeout=90,
+            what="healer simulate",
+        )
         text = httpx.get(f"{url}/nodes/gpu-node-07/dcgm/metrics", timeout=5).text
         assert text.count("DCGM_FI_DEV_GPU_TEMP{") == 8
         assert httpx.get(f"{url}/status", timeout=5).json()["scenario"] == "demo"

@@ -1,4 +1,4 @@
-"""The simulator's scrapes look like the real exporters' (the reference scrapes in /work/shared/fixtures)."""
+"""The simulator's scrapes look like the real exporters' (the reference scrapes in tests/fixtures)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from healer_dev.simulator import Fleet, FleetConfig, LabelStyle
-from tests.conftest import SHARED
+from tests.conftest import FIXTURES
 
-FIXTURES = SHARED / "fixtures"
 DCGM_FIXTURE = (FIXTURES / "dcgm-exporter.prom").read_text()
 IB_FIXTURE = (FIXTURES / "node-exporter-infiniband.prom").read_text()
 
