@@ -26,6 +26,7 @@ way ``kubectl taint`` does; ``status.conditions`` merges by ``type`` on the ``/s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,7 @@ from kubernetes import client as k8s
 from healer.actions import drain as drain_mod
 from healer.actions.apierrors import api_call
 from healer.actions.base import DrainReport, NodeView, Ownership, OwnershipKeys, TaintEffect
+from healer.actions.timestamps import micro_time
 from healer.config import KubernetesSettings
 from healer.errors import ConfigError, KubernetesConflict
 
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 #: Read-modify-write attempts when ``resourceVersion`` moved on under us (409).
 CONFLICT_RETRIES = 5
-#: events.k8s.io/v1 rejects a ``note`` longer than 1 kB.
+#: events.k8s.io/v1 rejects a ``note`` longer than 1 kB (bytes, not characters).
 EVENT_NOTE_MAX = 1024
 #: Node Events live in "default", as the kubelet records them.
 EVENT_NAMESPACE = "default"
@@ -93,6 +95,16 @@ def node_view(node: k8s.V1Node) -> NodeView:
         uid=meta.uid or "",
         resource_version=meta.resource_version or "",
     )
+
+
+def event_name(regarding: str) -> str:
+    """``<object name>.<hex nanoseconds>``, as client-go's event recorder names Events.
+
+    Not ``generateName``: the API server validates a ``generateName`` like a name with a suffix
+    still to come, so one ending in ``.`` is refused (422).
+    """
+    suffix = f".{time.time_ns():x}"
+    return regarding[: 253 - len(suffix)] + suffix
 
 
 def _utc_iso(at: datetime) -> str:
@@ -264,22 +276,30 @@ class KubernetesNodeActions:
         self, name: str, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
     ) -> None:
         """Create an ``events.k8s.io/v1`` Event regarding the Node (``kubectl describe node`` and
-        ``kubectl events`` show it). Not deduplicated: each call is one Event."""
+        ``kubectl events`` show it), in ``default`` (cluster-scoped objects' Events must live there),
+        named explicitly (:func:`event_name`). Not deduplicated: each call is one Event."""
         at = now or self.clock()
         node = self._read(name)
-        body = k8s.EventsV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{name}.", namespace=EVENT_NAMESPACE),
-            event_time=at.astimezone(UTC),
-            reason=reason,
-            note=message[:EVENT_NOTE_MAX],
-            type="Warning" if warning else "Normal",
-            action=reason.removeprefix("Healer") or reason,
-            reporting_controller=f"{self.settings.domain}/healer",
-            reporting_instance=self.identity,
-            regarding=k8s.V1ObjectReference(
-                api_version="v1", kind="Node", name=name, uid=drain_mod.metadata_of(node).uid
-            ),
-        )
+        # A plain dict, not the client's model: the model re-serialises eventTime with isoformat(),
+        # which drops the fraction at a whole second, and the API server refuses that (422).
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": event_name(name), "namespace": EVENT_NAMESPACE},
+            "eventTime": micro_time(at),
+            "reason": reason,
+            "note": message.encode()[:EVENT_NOTE_MAX].decode(errors="ignore"),  # a limit in bytes
+            "type": "Warning" if warning else "Normal",
+            "action": reason.removeprefix("Healer") or reason,
+            "reportingController": f"{self.settings.domain}/healer",
+            "reportingInstance": self.identity,
+            "regarding": {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": name,
+                "uid": drain_mod.metadata_of(node).uid,
+            },
+        }
         with api_call(f"record event {reason} on node {name}"):
             self.events.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=self._timeout)
 

@@ -16,8 +16,9 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   ``$patch: delete|replace``, ``$deleteFromPrimitiveList/<f>``; ``null`` deletes a key);
 * ``/status`` is a subresource: writes to it change only ``status``, writes to the object itself
   leave ``status`` alone (Nodes and Pods);
-* list ``fieldSelector`` (``a=b``, ``a==b``, ``a!=b`` on any dotted path, e.g. ``spec.nodeName``)
-  and ``labelSelector`` (``=``, ``!=``, ``in``, ``notin``, exists, ``!``exists);
+* list ``fieldSelector`` (``a=b``, ``a==b``, ``a!=b`` on the fields each resource registers, e.g.
+  ``spec.nodeName``; others are 400) and ``labelSelector`` (``=``, ``!=``, ``in``, ``notin``,
+  exists, ``!``exists);
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction) evaluates PodDisruptionBudgets of the
   pod's namespace: several matching budgets → 500; a budget with no disruption allowed → 429 with
   the real ``Status`` body (cause ``DisruptionBudget``); otherwise the pod is deleted (201).
@@ -29,7 +30,11 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   until :meth:`KubernetesEmulator.reschedule_evicted` or ``auto_reschedule`` brings it back;
 * deleting a pod: gone at once, or, with ``terminating_seconds > 0``, terminating
   (``deletionTimestamp`` set) for that many wall-clock seconds first;
-* Events (core ``v1`` and ``events.k8s.io/v1``), Leases (``coordination.k8s.io/v1``), Namespaces.
+* Events (core ``v1`` and ``events.k8s.io/v1``, each listed in both APIs), Leases
+  (``coordination.k8s.io/v1``), Namespaces;
+* the real server's validation (:mod:`healer.testing.k8s_validation`, 422): ``generateName`` ending
+  in anything but ``-``, Node Events outside ``default``, MicroTime fields without six fractional
+  digits, taint keys and values, label keys and values, Pods without containers.
 
 Not emulated: watch, pagination (``limit`` is ignored, everything is returned), server-side apply,
 admission, RBAC, the node lifecycle controller (cordoning does not add the
@@ -67,6 +72,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from healer.testing import k8s_validation
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, Configuration
@@ -1051,8 +1058,18 @@ class KubernetesEmulator:
     def _list(self, res: Resource, ns: str | None, query: dict[str, str]) -> Obj:
         if query.get("watch") in ("true", "1"):
             raise ApiError(400, "BadRequest", "watch is not supported by the emulator")
+        if "fieldSelector" in query:
+            try:
+                k8s_validation.check_field_selector(res.group_version, res.plural, query["fieldSelector"])
+            except k8s_validation.Refused as exc:
+                raise ApiError(exc.code, exc.reason, exc.message, exc.details) from None
+        stored = sorted(self._store[(res.group_version, res.plural)].items())
+        if res.kind == "Event":  # one storage behind both Event APIs
+            other = "events.k8s.io/v1" if res.group_version == "v1" else "v1"
+            stored += [(k, k8s_validation.event_as(res.group_version, e))
+                       for k, e in sorted(self._store[(other, "events")].items())]  # fmt: skip
         items = []
-        for (ons, _), obj in sorted(self._store[(res.group_version, res.plural)].items()):
+        for (ons, _), obj in stored:
             if ns is not None and ons != ns:
                 continue
             labels = obj["metadata"].get("labels") or {}
@@ -1113,15 +1130,11 @@ class KubernetesEmulator:
 
     @staticmethod
     def _validate(res: Resource, obj: Obj) -> None:
-        if res.group_version == "events.k8s.io/v1":
-            missing = [
-                f for f in ("eventTime", "reportingController", "reportingInstance", "action", "reason")
-                if not obj.get(f)
-            ]  # fmt: skip
-            if missing:
-                raise ApiError(422, "Invalid", f"Event is invalid: required: {', '.join(missing)}")
-        if res.kind == "Event" and res.group_version == "v1" and not obj.get("involvedObject"):
-            raise ApiError(422, "Invalid", "Event is invalid: involvedObject: Required value")
+        """What the real server refuses (see :mod:`healer.testing.k8s_validation`)."""
+        try:
+            k8s_validation.validate(res.group_version, res.kind, obj)
+        except k8s_validation.Refused as exc:
+            raise ApiError(exc.code, exc.reason, exc.message, exc.details) from None
 
     def _patched(self, current: Obj, content_type: str, body: Any) -> Obj:
         ctype = content_type.split(";")[0].strip().lower()
@@ -1157,6 +1170,7 @@ class KubernetesEmulator:
                     meta[k] = cur_meta[k]
         result.setdefault("apiVersion", current.get("apiVersion", res.group_version))
         result.setdefault("kind", res.kind)
+        self._validate(res, result)
         result["metadata"]["resourceVersion"] = self._next_rv()
         key = (cur_meta.get("namespace", "") if res.namespaced else "", cur_meta["name"])
         self._store[(res.group_version, res.plural)][key] = result

@@ -50,6 +50,7 @@ CLUSTER_PERMISSIONS = {
     ("", "nodes/status", "patch"),
     ("", "pods", "get"),
     ("", "pods", "list"),
+    ("", "pods", "delete"),  # a drain rule's delete_after_timeout
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
