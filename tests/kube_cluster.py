@@ -57,7 +57,9 @@ def find_binaries() -> Path | None:
         ["bash", str(BUILD_SCRIPT), "--dir"], capture_output=True, text=True, check=False
     ).stdout.strip()
     where = Path(out) if out else None
-    if where is None or not all(os.access(where / b, os.X_OK) for b in ("kube", "kwok")):
+    if where is None or not (where / "kwok-stages.yaml").exists():
+        return None
+    if not all(os.access(where / b, os.X_OK) for b in ("kube", "kwok")):
         return None
     return where
 
@@ -414,9 +416,11 @@ def control_plane(bindir: Path) -> Iterator[ControlPlane]:
             [
                 str(bindir / "kwok"),
                 f"--kubeconfig={_component_kubeconfig(cp, 'kwok', tokens['kwok'])}",
+                f"--config={bindir / 'kwok-stages.yaml'}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 "--node-lease-duration-seconds=40",
+                "--cidr=10.128.0.0/14",  # pod IPs for thousands of pods (the scale fixture)
             ],
         )
         with cp.admin_client() as api:
@@ -459,6 +463,9 @@ def control_plane(bindir: Path) -> Iterator[ControlPlane]:
             + ", ".join(f"{k} {v:.0f}" for k, v in memory.items())
             + f" (total {sum(memory.values()):.0f})"
         )
+    except TimeoutError as exc:
+        logs = "\n".join(f"--- {name} ---\n{cp.log_tail(name)}" for name in cp.processes)
+        raise RuntimeError(f"{exc}; the control plane's logs end with:\n{logs}") from exc
     finally:
         _stop(cp)
         shutil.rmtree(workdir, ignore_errors=True)

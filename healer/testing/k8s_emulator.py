@@ -32,9 +32,9 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   (``deletionTimestamp`` set) for that many wall-clock seconds first;
 * Events (core ``v1`` and ``events.k8s.io/v1``, each listed in both APIs), Leases
   (``coordination.k8s.io/v1``), Namespaces;
-* the real server's validation (:mod:`healer.testing.k8s_validation`, 422): ``generateName`` ending
-  in anything but ``-``, Node Events outside ``default``, MicroTime fields without six fractional
-  digits, taint keys and values, label keys and values, Pods without containers.
+* the real server's validation (:mod:`healer.testing.k8s_validation`): 422 for a ``generateName``
+  ending in anything but ``-``, Node Events outside ``default``, taint keys and values, label keys
+  and values, Pods without containers; 400 for MicroTime fields without six fractional digits.
 
 Not emulated: watch, pagination (``limit`` is ignored, everything is returned), server-side apply,
 admission, RBAC, the node lifecycle controller (cordoning does not add the

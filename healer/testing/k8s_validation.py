@@ -4,7 +4,8 @@ Each check mirrors one the real server makes (apimachinery object-meta validatio
 ``pkg/apis/core/validation``, ``pkg/apis/events/validation``, the field-label conversions each
 resource registers), so the demo and the fast tests never accept what a cluster refuses. The
 contract tests (``tests/integration/test_k8s_contract.py``) run the same requests on both.
-Raises :class:`Refused` (422 ``Invalid`` or 400 ``BadRequest``) with the real server's wording.
+Raises :class:`Refused` (422 ``Invalid``, or 400 ``BadRequest`` for what does not even decode, such
+as a MicroTime without its fraction) with the real server's wording.
 """
 
 from __future__ import annotations
@@ -117,13 +118,19 @@ def _meta_errors(meta: Obj) -> list[str]:
     return errors
 
 
-def _micro_time_errors(obj: Obj, path: str) -> list[str]:
+def _check_micro_time(obj: Obj, kind: str, path: str) -> None:
+    """A MicroTime without six fractional digits does not decode: 400, as the real server says."""
     cur: Any = obj
     for part in path.split("."):
         cur = cur.get(part) if isinstance(cur, dict) else None
     if cur is None or (isinstance(cur, str) and MICRO_TIME.match(cur)):
-        return []
-    return [f"{path}: Invalid value: {cur!r}: must be a MicroTime (six fractional digits, RFC 3339)"]
+        return
+    raise Refused(
+        400,
+        "BadRequest",
+        f'{kind} in version "v1" cannot be handled as a {kind}: parsing time "{cur}" as '
+        '"2006-01-02T15:04:05.000000Z07:00": cannot parse as ".000000"',
+    )
 
 
 def _event_namespace_errors(namespace: str, ref: Obj | None, field: str) -> list[str]:
@@ -146,7 +153,7 @@ def validate(group_version: str, kind: str, obj: Obj) -> None:
         missing = [f for f in ("eventTime", "reportingController", "reportingInstance", "action", "reason")
                    if not obj.get(f)]  # fmt: skip
         errors += [f"{f}: Required value" for f in missing]
-        errors += _micro_time_errors(obj, "eventTime")
+        _check_micro_time(obj, kind, "eventTime")
         controller = obj.get("reportingController") or ""
         if controller and "/" not in controller:
             errors.append(f"reportingController: Invalid value: {controller!r}: must be domain/name")
@@ -160,7 +167,8 @@ def validate(group_version: str, kind: str, obj: Obj) -> None:
             errors.append("involvedObject: Required value")
         errors += _event_namespace_errors(namespace, obj.get("involvedObject"), "involvedObject")
     elif kind == "Lease":
-        errors += _micro_time_errors(obj, "spec.renewTime") + _micro_time_errors(obj, "spec.acquireTime")
+        _check_micro_time(obj, kind, "spec.renewTime")
+        _check_micro_time(obj, kind, "spec.acquireTime")
         duration = (obj.get("spec") or {}).get("leaseDurationSeconds")
         if duration is not None and duration <= 0:
             errors.append("spec.leaseDurationSeconds: Invalid value: must be greater than 0")

@@ -26,4 +26,14 @@ build() {  # build NAME MODULE-DIR PACKAGE
 command -v go >/dev/null || { echo "tests/kube/build.sh: Go is not installed (https://go.dev/dl)" >&2; exit 1; }
 build kube kube .
 build kwok kwok sigs.k8s.io/kwok/cmd/kwok
+# KWOK's "fast" stages (nodes Ready with Lease heartbeats; pods Ready at once, deletions
+# confirmed), from the same module version: kwok reads them with --config.
+if [ ! -s "$out/kwok-stages.yaml" ]; then
+  stages="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"; cat "$stages/$f"
+  done > "$out/kwok-stages.yaml.tmp"
+  mv "$out/kwok-stages.yaml.tmp" "$out/kwok-stages.yaml"
+fi
 echo "$out"
