@@ -249,16 +249,19 @@ class ControlPlane:
                 }
                 core.create_node(body)
 
+            wanted = set(names)
+
             def ready() -> bool:
-                for name in names:
-                    node = core.read_node(name)
+                schedulable = set()
+                for node in core.list_node().items:
                     conditions = {c.type: c.status for c in (node.status.conditions or [])}
                     taints = {t.key for t in node.spec.taints or []}
-                    if conditions.get("Ready") != "True" or "node.kubernetes.io/not-ready" in taints:
-                        return False
-                return True
+                    if conditions.get("Ready") == "True" and "node.kubernetes.io/not-ready" not in taints:
+                        schedulable.add(node.metadata.name)
+                return wanted <= schedulable
 
-            wait_until(ready, timeout=120, interval=0.2, what=f"KWOK nodes {list(names)[:3]}... Ready")
+            timeout = 120 + len(names) / 5  # thousands of nodes take minutes on 2 cores
+            wait_until(ready, timeout=timeout, interval=0.5, what=f"KWOK nodes {list(names)[:3]}... Ready")
 
     def memory_mib(self) -> dict[str, float]:
         """RSS of each component now (MiB)."""
