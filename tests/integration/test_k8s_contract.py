@@ -284,6 +284,14 @@ def test_field_selector_lists_only_the_nodes_pods(cluster: Cluster) -> None:
     assert none.items == []
 
 
+def test_a_field_selector_the_resource_does_not_register_is_400(cluster: Cluster) -> None:
+    with pytest.raises(ApiException) as refused:
+        cluster.core.list_pod_for_all_namespaces(field_selector="spec.priorityClassName=high")
+    assert refused.value.status == 400
+    assert status_body(refused.value)["reason"] == "BadRequest"
+    assert "field label not supported: spec.priorityClassName" in status_body(refused.value)["message"]
+
+
 def test_eviction_is_refused_with_429_while_a_budget_allows_nothing(cluster: Cluster) -> None:
     p = cluster.create_pod("guarded", {"app": "guarded"})
     cluster.create_pdb("guarded", {"app": "guarded"}, min_available=1)
