@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             pools = actions.node_pools()
             listed = time.monotonic() - started
-            evicted = 0
+            evicted = held = 0
+            budgets: set[str] = set()
             for name in bad:
                 now = datetime.now(UTC)
                 actions.cordon(name, Ownership(incident_id=1, reason="Xid79", at=now))
@@ -137,13 +138,15 @@ def main(argv: list[str] | None = None) -> int:
                     delete_after_timeout=False, concurrency=5,
                 )  # fmt: skip
                 evicted += len(report.evicted)
+                held += len(report.remaining) - len(report.evicted)
+                budgets.update(report.budgets)
             wall = time.monotonic() - started
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         memory = cp.memory_mib()
         print(f"fleet: {len(pools)} nodes listed in {listed:.2f} s (one call)")
         total = sum(calls.values())
         print(f"pass over {len(bad)} bad nodes: {wall:.1f} s wall, {total} API calls {dict(calls)}")
-        print(f"pods evicted by the pass: {evicted}")
+        print(f"pods evicted by the pass: {evicted}; still on the nodes: {held} (budgets {sorted(budgets)})")
         print(f"bench process peak RSS: {peak:.0f} MiB (before the pass {rss_before:.0f} MiB)")
         print("control plane RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
     return 0
