@@ -1,19 +1,26 @@
-"""Shared fixtures: real PostgreSQL (one server per session) and databases on both backends."""
+"""Shared fixtures: real PostgreSQL (one server per session) and databases on both backends; a real
+Kubernetes control plane (one per session, when built)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes.client import ApiClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
+from tests.helm import NAMESPACE as HELM_NAMESPACE
+from tests.helm import rendered_objects, require_helm
+from tests.kube_cluster import BUILD_HINT, ControlPlane, control_plane, find_binaries
+from tests.kube_cluster import REPORT as KUBE_REPORT
 from tests.services import PostgresServer, postgres_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,3 +107,56 @@ def engine(migrated_db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return make_sessionmaker(engine)
+
+
+# --- a real Kubernetes control plane (tests/kube_cluster.py) --------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK for the session.
+
+    Skips (one line saying how to build them) when the binaries are not built, and fails instead
+    when ``HEALER_REQUIRE_KUBE=1`` (CI).
+    """
+    bindir = find_binaries()
+    if bindir is None:
+        message = f"no Kubernetes control plane built: run `{BUILD_HINT}` (needs Go) to run these tests"
+        if os.environ.get("HEALER_REQUIRE_KUBE") == "1":
+            pytest.fail(message + " (HEALER_REQUIRE_KUBE=1)")
+        pytest.skip(message)
+    with control_plane(bindir) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def kube_healer_token(kube: ControlPlane) -> str:
+    """A token of ServiceAccount ``healer-system/healer``, bound by the Helm chart's RBAC (not admin).
+
+    The chart is rendered (``helm template``) and only its ServiceAccount and RBAC objects are
+    applied, so a verb the chart does not grant fails the test that needs it.
+    """
+    rbac_kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    objects = [o for o in rendered_objects(require_helm()) if o["kind"] in rbac_kinds]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HELM_NAMESPACE}}
+    kube.apply([namespace, *objects])
+    return kube.service_account_token(HELM_NAMESPACE, "healer")
+
+
+@pytest.fixture
+def kube_healer_api(kube: ControlPlane, kube_healer_token: str) -> Iterator[ApiClient]:
+    """An ``ApiClient`` that is healer: its ServiceAccount, its ClusterRole, nothing more."""
+    with kube.client(kube_healer_token) as api:
+        yield api
+
+
+@pytest.fixture
+def kube_admin(kube: ControlPlane) -> Iterator[ApiClient]:
+    """A cluster-admin ``ApiClient`` for test set-up and assertions."""
+    with kube.admin_client() as api:
+        yield api
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in KUBE_REPORT:
+        terminalreporter.write_line(line)

@@ -16,11 +16,18 @@ Any refusal blocks the whole drain before anything is evicted, and the report na
 why. Evictions (``policy/v1`` Eviction, ``deleteOptions.preconditions.uid`` so a new pod that reused
 the name is never evicted by mistake) run in parallel, ``concurrency`` at a time. Answers:
 
-* 201/200: evicted; 404, or 409 on the uid precondition: the pod is already gone (success);
-* 429 (a PodDisruptionBudget allows no disruption now) or 500 (several budgets match the pod):
-  left for the next step until the deadline (``started_at + timeout_seconds``); past it the step
-  reports ``blocked`` naming the pods and the budgets, and deletes them (``DELETE`` bypasses
-  budgets) only when ``delete_after_timeout``, listing them in ``deleted``.
+* 201/200: evicted; 404, or 409 on the uid precondition: the pod is already gone (success); 403
+  with cause ``NamespaceTerminating``: its namespace is being deleted, which deletes it (waited for);
+* 429 whose Status names the cause ``DisruptionBudget`` (a budget allows no disruption now, or
+  the disruption controller has not processed it yet): left for the next step until the deadline
+  (``started_at + timeout_seconds``); past it the step reports ``blocked`` naming the pods and the
+  budgets, and deletes them (``DELETE`` bypasses budgets) only when ``delete_after_timeout``,
+  listing them in ``deleted``;
+* 429 without that cause is API priority and fairness (rate limiting): retried once after its
+  ``Retry-After`` (at most :data:`RATE_LIMIT_WAIT_MAX` seconds), else left for the next step; never
+  a budget block;
+* 500 "more than one PodDisruptionBudget": no retry can succeed (kubectl fails the pod at once), so
+  the step reports ``blocked`` at once, deadline or not.
 
 A step holds no state: what to do follows from the pods on the node now, so a restarted controller
 calls it again and resumes; evicted pods are terminating or gone and are not evicted twice.
@@ -28,7 +35,9 @@ calls it again and resumes; evicted pods are terminating or gone and are not evi
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +54,8 @@ from healer.model.drain import DrainOptions, DrainReport
 log = logging.getLogger(__name__)
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+#: Longest wait (seconds) for a rate-limited eviction's ``Retry-After`` inside one step.
+RATE_LIMIT_WAIT_MAX = 5.0
 
 
 class Disposition(StrEnum):
@@ -192,8 +203,30 @@ def budgets_for(
 class Outcome(StrEnum):
     EVICTED = "evicted"
     GONE = "gone"
-    BUDGET = "budget"  # 429 or 500 several budgets: a PodDisruptionBudget holds it
+    BUDGET = "budget"  # 429 DisruptionBudget: a PodDisruptionBudget holds it for now
+    SEVERAL_BUDGETS = "several_budgets"  # 500: more than one budget matches; retrying cannot help
+    RATE_LIMITED = "rate_limited"  # 429 from priority and fairness: try again later
     ERROR = "error"
+
+
+def _status_causes(exc: ApiException) -> list[str]:
+    """The ``details.causes[].reason`` of a Status body (empty when the body is not a Status)."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return []
+    details = body.get("details") if isinstance(body, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return [str(c.get("reason")) for c in causes or [] if isinstance(c, dict)]
+
+
+def retry_after(exc: ApiException) -> float | None:
+    """The ``Retry-After`` header of an answer, in seconds (None when absent or not a number)."""
+    value = (exc.headers or {}).get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
@@ -206,17 +239,27 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
             preconditions=k8s.V1Preconditions(uid=meta.uid),
         ),
     )
-    try:
-        core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=request_timeout)
-    except ApiException as exc:
-        if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
-            return Outcome.GONE, ""
-        if exc.status == 429:
-            return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
-        if exc.status == 500 and "more than one" in (exc.body or ""):
-            return Outcome.BUDGET, "several PodDisruptionBudgets match this pod"
-        return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
-    return Outcome.EVICTED, ""
+    for attempt in range(2):
+        try:
+            core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=request_timeout)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
+                return Outcome.GONE, ""
+            if exc.status == 403 and "NamespaceTerminating" in _status_causes(exc):
+                return Outcome.GONE, ""  # kubectl: the namespace controller deletes it; wait for that
+            if exc.status == 429 and "DisruptionBudget" in _status_causes(exc):
+                return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
+            if exc.status == 429:
+                wait = retry_after(exc)
+                if attempt == 0:
+                    time.sleep(min(RATE_LIMIT_WAIT_MAX, 1.0 if wait is None else wait))
+                    continue
+                return Outcome.RATE_LIMITED, f"rate limited by the API server (Retry-After {wait} s)"
+            if exc.status == 500 and "more than one PodDisruptionBudget" in (exc.body or ""):
+                return Outcome.SEVERAL_BUDGETS, "several PodDisruptionBudgets match this pod"
+            return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
+        return Outcome.EVICTED, ""
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
@@ -288,9 +331,14 @@ def drain_step(
             outcomes = list(pool.map(lambda x: _evict(core, x, grace, request_timeout), p.evict))
     evicted = [pod_key(x) for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.EVICTED]
     held = [x for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.BUDGET]
+    several = [x for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.SEVERAL_BUDGETS]
+    for x, (o, m) in zip(p.evict, outcomes, strict=True):
+        if o is Outcome.RATE_LIMITED:
+            log.info("drain %s: %s %s; next step", node, pod_key(x), m)
     errors = {pod_key(x): m for x, (o, m) in zip(p.evict, outcomes, strict=True) if o is Outcome.ERROR}
     for key in evicted:
         log.info("drain %s: evicted %s", node, key)
+    held += several
     budgets = budgets_for(policy, held, request_timeout=request_timeout) if held else ()
     deleted: list[str] = []
     if past_deadline and held and options.delete_after_timeout:
@@ -309,7 +357,8 @@ def drain_step(
         blocked_pods += list(errors)  # failing evictions (e.g. 403) end the drain instead of looping
     after = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
     remaining = sorted({*(pod_key(x) for x in after.evict), *after.waiting, *after.refused})
-    blocked = past_deadline and bool(blocked_pods)
+    # Several budgets on one pod block the drain at once: waiting cannot change the answer.
+    blocked = (past_deadline or bool(several)) and bool(blocked_pods)
     if blocked:
         log.warning("drain of %s blocked at its deadline: pods %s, budgets %s", node, blocked_pods, budgets)
     return DrainReport(

@@ -31,6 +31,7 @@ Facts: ``status.conditions`` merges by ``type`` on the ``/status`` subresource
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -40,6 +41,7 @@ from kubernetes import client as k8s
 from healer.actions import drain as drain_mod
 from healer.actions.apierrors import api_call
 from healer.actions.base import NodeRef
+from healer.actions.timestamps import micro_time
 from healer.clock import utc_now
 from healer.config import KubernetesSettings
 from healer.errors import ConfigError, KubernetesConflict
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 #: Patches sent for one edit: the first, and one more after a 409 and a re-read.
 CONFLICT_ATTEMPTS = 2
-#: events.k8s.io/v1 rejects a ``note`` longer than 1 kB.
+#: events.k8s.io/v1 rejects a ``note`` longer than 1 kB (bytes, not characters).
 EVENT_NOTE_MAX = 1024
 #: Node Events live in "default", as the kubelet records them.
 EVENT_NAMESPACE = "default"
@@ -125,6 +127,16 @@ def node_view(node: k8s.V1Node) -> NodeView:
         condition_details=details,
         taint_added=added,
     )
+
+
+def event_name(regarding: str) -> str:
+    """``<object name>.<hex nanoseconds>``, as client-go's event recorder names Events.
+
+    Not ``generateName``: the API server validates a ``generateName`` like a name with a suffix
+    still to come, so one ending in ``.`` is refused (422).
+    """
+    suffix = f".{time.time_ns():x}"
+    return regarding[: 253 - len(suffix)] + suffix
 
 
 def _utc_iso(at: datetime) -> str:
@@ -326,24 +338,31 @@ class KubernetesNodeActions:
         self, node: NodeRef, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
     ) -> None:
         """Create an ``events.k8s.io/v1`` Event regarding the Node (``kubectl describe node`` and
-        ``kubectl events`` show it), its UID taken from ``node`` as read. Not deduplicated: each
-        call is one Event."""
+        ``kubectl events`` show it), its UID taken from ``node`` as read, in ``default``
+        (cluster-scoped objects' Events must live there), named explicitly (:func:`event_name`).
+        Not deduplicated: each call is one Event."""
         at = now or self.clock()
         view = self._view(node)
         name = view.name
-        body = k8s.EventsV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{name}.", namespace=EVENT_NAMESPACE),
-            event_time=at.astimezone(UTC),
-            reason=reason,
-            note=message[:EVENT_NOTE_MAX],
-            type="Warning" if warning else "Normal",
-            action=reason.removeprefix("Healer") or reason,
-            reporting_controller=f"{self.settings.domain}/healer",
-            reporting_instance=self.identity,
-            regarding=k8s.V1ObjectReference(api_version="v1", kind="Node", name=name, uid=view.uid),
-        )
+        # A plain dict, not the client's model: the model re-serialises eventTime with isoformat(),
+        # which drops the fraction at a whole second, and the API server refuses that (422).
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": event_name(name), "namespace": EVENT_NAMESPACE},
+            "eventTime": micro_time(at),
+            "reason": reason,
+            "note": message.encode()[:EVENT_NOTE_MAX].decode(errors="ignore"),  # a limit in bytes
+            "type": "Warning" if warning else "Normal",
+            "action": reason.removeprefix("Healer") or reason,
+            "reportingController": f"{self.settings.domain}/healer",
+            "reportingInstance": self.identity,
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": view.uid},
+        }
         with api_call(f"record event {reason} on node {name}"):
-            self.events.create_namespaced_event(EVENT_NAMESPACE, body, _request_timeout=self._timeout)
+            self.events.create_namespaced_event(
+                EVENT_NAMESPACE, body, _request_timeout=self._timeout  # type: ignore[arg-type]
+            )
 
     def drain_step(
         self, node: NodeRef, *, started_at: datetime, now: datetime, options: DrainOptions

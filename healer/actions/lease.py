@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from kubernetes import client as k8s
 
 from healer.actions.apierrors import api_call
 from healer.actions.drain import metadata_of
+from healer.actions.timestamps import micro_time
 from healer.clock import utc_now
 from healer.config import KubernetesSettings
 from healer.errors import KubernetesConflict, KubernetesError, KubernetesNotFound
@@ -108,26 +110,60 @@ class LeaderElector:
         with api_call(f"read lease {self.namespace}/{self.name}"):
             return self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=self._timeout)
 
-    def _replace(self, body: k8s.V1Lease, what: str) -> None:
+    def _body(
+        self,
+        current: k8s.V1Lease | None,
+        *,
+        holder: str | None,
+        duration: int,
+        acquired: datetime,
+        renewed: datetime,
+        transitions: int,
+    ) -> dict[str, Any]:
+        """A Lease as a plain dict, guarded by ``current``'s resourceVersion when given.
+
+        Not the client's model: it re-serialises MicroTime fields with ``isoformat()``, which drops
+        the fraction at a whole second, and the API server refuses that (422).
+        """
+        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if current is not None:
+            metadata["resourceVersion"] = metadata_of(current).resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": duration,
+                "acquireTime": micro_time(acquired),
+                "renewTime": micro_time(renewed),
+                "leaseTransitions": transitions,
+            },
+        }
+
+    def _replace(self, body: dict[str, Any], what: str) -> None:
         with api_call(f"{what} lease {self.namespace}/{self.name}"):
-            self.api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=self._timeout)
+            # A dict body (the client validates it into V1Lease; see healer.actions.timestamps).
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
+            )
 
     def _try(self, now: datetime) -> bool:
         try:
             lease = self._read()
         except KubernetesNotFound:
-            body = k8s.V1Lease(
-                metadata=k8s.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                spec=k8s.V1LeaseSpec(
-                    holder_identity=self.identity,
-                    lease_duration_seconds=self.duration_seconds,
-                    acquire_time=now,
-                    renew_time=now,
-                    lease_transitions=0,
-                ),
+            body = self._body(
+                None,
+                holder=self.identity,
+                duration=self.duration_seconds,
+                acquired=now,
+                renewed=now,
+                transitions=0,
             )
             with api_call(f"create lease {self.namespace}/{self.name}"):
-                self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self._timeout)
+                self.api.create_namespaced_lease(
+                    self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
+                )
             return self._win(now)
         spec = lease.spec or k8s.V1LeaseSpec()
         holder = spec.holder_identity or ""
@@ -136,30 +172,15 @@ class LeaderElector:
             duration = spec.lease_duration_seconds or self.duration_seconds
             if renewed is not None and now < renewed + timedelta(seconds=duration):
                 return self._lose(f"held by {holder}")
+        transitions = spec.lease_transitions or 0
         if holder == self.identity:
-            new_spec = k8s.V1LeaseSpec(
-                holder_identity=self.identity,
-                lease_duration_seconds=self.duration_seconds,
-                acquire_time=spec.acquire_time or now,
-                renew_time=now,
-                lease_transitions=spec.lease_transitions or 0,
-            )
+            acquired = spec.acquire_time or now
         else:
-            new_spec = k8s.V1LeaseSpec(
-                holder_identity=self.identity,
-                lease_duration_seconds=self.duration_seconds,
-                acquire_time=now,
-                renew_time=now,
-                lease_transitions=(spec.lease_transitions or 0) + (1 if holder else 0),
-            )
-        body = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(
-                name=self.name,
-                namespace=self.namespace,
-                resource_version=metadata_of(lease).resource_version,
-            ),
-            spec=new_spec,
-        )
+            acquired, transitions = now, transitions + (1 if holder else 0)
+        body = self._body(
+            lease, holder=self.identity, duration=self.duration_seconds, acquired=acquired, renewed=now,
+            transitions=transitions,
+        )  # fmt: skip
         self._replace(body, "update")
         return self._win(now)
 
@@ -175,14 +196,11 @@ class LeaderElector:
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             # client-go's release: empty holder, 1 s duration, so the next candidate takes it at once.
-            lease.spec = k8s.V1LeaseSpec(
-                holder_identity=None,
-                lease_duration_seconds=1,
-                acquire_time=now,
-                renew_time=now,
-                lease_transitions=lease.spec.lease_transitions or 0,
-            )
-            self._replace(lease, "release")
+            body = self._body(
+                lease, holder=None, duration=1, acquired=now, renewed=now,
+                transitions=lease.spec.lease_transitions or 0,
+            )  # fmt: skip
+            self._replace(body, "release")
             log.info("lease %s/%s: %s released leadership", self.namespace, self.name, self.identity)
         except KubernetesError as exc:
             log.warning("lease %s/%s: release failed (it will expire): %s", self.namespace, self.name, exc)

@@ -36,6 +36,9 @@ from healer.ruleset.durations import parse_duration
 DEFAULT_NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "nodename")
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: A Kubernetes label value (apimachinery ``IsValidLabelValue``): at most 63 characters,
+#: alphanumerics and ``-_.``, starting and ending alphanumeric. Taint values are label values.
+_K8S_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -178,6 +181,13 @@ class Rule(_Strict):
             raise ValueError("drain needs quarantine first (a drained node must be cordoned)")
         if info.data.get("kind") == "no_data" and set(kinds) - {"notify"}:
             raise ValueError("a no_data rule may only notify: missing data is not a hardware fault")
+        name = info.data.get("name")
+        if {"quarantine", "taint"} & set(kinds) and name and not _K8S_LABEL_VALUE.match(name):
+            raise ValueError(
+                f"rule name {name!r} becomes the taint's value, which Kubernetes validates as a label "
+                "value: at most 63 characters, letters, digits, '-', '_' and '.', starting and ending "
+                "with a letter or digit (the API server would refuse the taint)"
+            )
         return actions
 
     @property

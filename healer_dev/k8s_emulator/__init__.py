@@ -16,8 +16,8 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   ``$patch: delete|replace``, ``$deleteFromPrimitiveList/<f>``; ``null`` deletes a key);
 * ``/status`` is a subresource: writes to it change only ``status``, writes to the object itself
   leave ``status`` alone (Nodes and Pods);
-* list ``fieldSelector`` (``a=b``, ``a==b``, ``a!=b`` on any dotted path, e.g. ``spec.nodeName``)
-  and ``labelSelector`` (``=``, ``!=``, ``in``, ``notin``, exists, ``!``exists);
+* list ``fieldSelector`` (``a=b``, ``a==b``, ``a!=b`` on the fields each resource registers, e.g.
+  ``spec.nodeName``; others are 400) and ``labelSelector`` (``=``, ``!=``, ``in``, ``notin``, exists, ``!``exists);
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction) evaluates PodDisruptionBudgets of the
   pod's namespace: several matching budgets → 500; a budget with no disruption allowed → 429 with
   the real ``Status`` body (cause ``DisruptionBudget``); otherwise the pod is deleted (201).
@@ -29,7 +29,12 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   until :meth:`KubernetesEmulator.reschedule_evicted` or ``auto_reschedule`` brings it back;
 * deleting a pod: gone at once, or, with ``terminating_seconds > 0``, terminating
   (``deletionTimestamp`` set) for that many wall-clock seconds first;
-* Events (core ``v1`` and ``events.k8s.io/v1``), Leases (``coordination.k8s.io/v1``), Namespaces.
+* Events (core ``v1`` and ``events.k8s.io/v1``, each listed in both APIs), Leases
+  (``coordination.k8s.io/v1``), Namespaces;
+* the real server's validation (:mod:`healer_dev.k8s_emulator.server_checks`): 422 for a
+  ``generateName`` ending in anything but ``-``, Node Events outside ``default``, taint keys and
+  values, label keys and values, Pods without containers; 400 for MicroTime fields without six
+  fractional digits.
 
 Not emulated: watch, pagination (``limit`` is ignored, everything is returned), server-side apply,
 admission, RBAC, the node lifecycle controller (cordoning does not add the

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from healer_dev.k8s_emulator import server_checks
 from healer_dev.k8s_emulator.patches import patched
 from healer_dev.k8s_emulator.pods import PodLifecycle
 from healer_dev.k8s_emulator.resources import (
@@ -21,7 +22,7 @@ from healer_dev.k8s_emulator.resources import (
     _now_iso,
 )
 from healer_dev.k8s_emulator.selectors import match_field_selector, match_label_selector_string
-from healer_dev.k8s_emulator.validation import validate
+from healer_dev.k8s_emulator.validation import check_field_selector, validate
 
 
 class RestDispatch(PodLifecycle):
@@ -91,8 +92,15 @@ class RestDispatch(PodLifecycle):
     def _list(self, res: Resource, ns: str | None, query: dict[str, str]) -> Obj:
         if query.get("watch") in ("true", "1"):
             raise ApiError(400, "BadRequest", "watch is not supported by the emulator")
+        if "fieldSelector" in query:
+            check_field_selector(res, query["fieldSelector"])
+        stored = sorted(self._store[(res.group_version, res.plural)].items())
+        if res.kind == "Event":  # one storage behind both Event APIs
+            other = "events.k8s.io/v1" if res.group_version == "v1" else "v1"
+            stored += [(k, server_checks.event_as(res.group_version, e))
+                       for k, e in sorted(self._store[(other, "events")].items())]  # fmt: skip
         items = []
-        for (ons, _), obj in sorted(self._store[(res.group_version, res.plural)].items()):
+        for (ons, _), obj in stored:
             if ns is not None and ons != ns:
                 continue
             labels = obj["metadata"].get("labels") or {}
@@ -169,6 +177,7 @@ class RestDispatch(PodLifecycle):
                     meta[k] = cur_meta[k]
         result.setdefault("apiVersion", current.get("apiVersion", res.group_version))
         result.setdefault("kind", res.kind)
+        validate(res, result)
         result["metadata"]["resourceVersion"] = self._next_rv()
         key = (cur_meta.get("namespace", "") if res.namespaced else "", cur_meta["name"])
         self._store[(res.group_version, res.plural)][key] = result

@@ -43,6 +43,7 @@ from healer.ruleset.loading import load_ruleset
 from healer.store import migrate
 from healer.tickets.coverage import refuse_acting_without_providers
 from healer_dev.simulator.scenario import load_scenario
+from tests.helm import CHART, IMAGE, NAMESPACE, documents, require_helm, run_helm, template
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -88,7 +89,6 @@ def _interpolate(text: str) -> str:
 
 def _settings_from_env(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Settings:
     """``load_settings`` with exactly ``env`` as the HEALER_ environment (nothing from the test run)."""
-    import os
 
     for name in list(os.environ):
         if name.upper().startswith("HEALER_"):
@@ -414,12 +414,7 @@ def test_make_image_tags_the_release_the_chart_installs() -> None:
 
 # --- Helm chart ---------------------------------------------------------------------------------
 
-CHART = DEPLOY / "chart" / "healer"
 PRODUCTION_VALUES = DEPLOY / "chart" / "examples" / "production-values.yaml"
-BUILD_HELM = DEPLOY / "scripts" / "build-helm.sh"
-NAMESPACE = "healer-system"
-#: The one value without a default: no image is published, so the user names their registry.
-IMAGE = ("--set", "image.repository=registry.example.com/healer")
 #: What each render is given besides the chart: default values (and the image), and the example
 #: of an acting install.
 RENDERS: dict[str, tuple[str, ...]] = {
@@ -428,51 +423,18 @@ RENDERS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _helm_binary() -> str | None:
-    """``HEALER_HELM``, else the binary deploy/scripts/build-helm.sh built, else ``helm`` on PATH."""
-    if os.environ.get("HEALER_HELM"):
-        return os.environ["HEALER_HELM"]
-    cached = subprocess.run(
-        ["bash", str(BUILD_HELM), "--path"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout.strip()
-    if Path(cached).is_file():
-        return cached
-    return shutil.which("helm")
-
-
 @pytest.fixture(scope="module")
 def helm() -> str:
-    binary = _helm_binary()
-    if binary is None:
-        message = "helm is not built: run bash deploy/scripts/build-helm.sh (builds it from its Go module)"
-        if os.environ.get("HEALER_REQUIRE_KUBE") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
-
-
-def _run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
-
-
-def _template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """``helm template healer`` into namespace healer-system, for the oldest Kubernetes we support."""
-    return _run_helm(
-        helm, "template", "healer", str(CHART), "--namespace", NAMESPACE, "--kube-version", "1.29.0", *args
-    )
-
-
-def _documents(text: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    return require_helm()
 
 
 @pytest.fixture(scope="module")
 def rendered(helm: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for name, args in RENDERS.items():
-        result = _template(helm, *args)
+        result = template(helm, *args)
         assert result.returncode == 0, f"helm template ({name}): {result.stderr}"
-        out[name] = _documents(result.stdout)
+        out[name] = documents(result.stdout)
     return out
 
 
@@ -517,7 +479,7 @@ def test_every_object_matches_the_kubernetes_schemas(
 
 @pytest.mark.parametrize("render", RENDERS)
 def test_helm_lint_passes(helm: str, render: str) -> None:
-    result = _run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", "1.29.0", *RENDERS[render])
+    result = run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", "1.29.0", *RENDERS[render])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
@@ -547,25 +509,25 @@ def test_the_documented_helm_commands_render(helm: str, tmp_path: Path) -> None:
         args = [a for a in args if a != "--reuse-values"]
         args = [str(my_values) if a == "my-values.yaml" else a for a in args]
         # --reuse-values builds on the install before it: render on top of a dry-run install's values.
-        result = _template(helm, *IMAGE, *[a for a in args if a not in ("-n", NAMESPACE)])
+        result = template(helm, *IMAGE, *[a for a in args if a not in ("-n", NAMESPACE)])
         assert result.returncode == 0, f"{where} {args}: {result.stderr}"
 
 
 def test_the_image_must_name_a_registry(helm: str) -> None:
-    result = _template(helm)
+    result = template(helm)
     assert result.returncode != 0
     assert "image.repository is required" in result.stderr
     assert "make image" in result.stderr
 
 
 def test_more_than_one_replica_needs_the_csrf_secret(helm: str) -> None:
-    result = _template(helm, *IMAGE, "--set", "api.csrfSecret.name=")
+    result = template(helm, *IMAGE, "--set", "api.csrfSecret.name=")
     assert result.returncode != 0
     assert "api.csrfSecret.name is required with more than one replica" in result.stderr
     # One replica signs with a key of its own; no budget would let a drain through, so none is made.
-    single = _template(helm, *IMAGE, "--set", "api.csrfSecret.name=", "--set", "replicas=1")
+    single = template(helm, *IMAGE, "--set", "api.csrfSecret.name=", "--set", "replicas=1")
     assert single.returncode == 0, single.stderr
-    objects = _documents(single.stdout)
+    objects = documents(single.stdout)
     assert "HEALER_API__CSRF_SECRET" not in _env(_container(objects))
     assert not any(o["kind"] == "PodDisruptionBudget" for o in objects)
 
@@ -579,14 +541,14 @@ def test_more_than_one_replica_needs_the_csrf_secret(helm: str) -> None:
     ],
 )
 def test_values_schema_refuses_mistakes(helm: str, setting: str, complaint: str) -> None:
-    result = _template(helm, *IMAGE, "--set", setting)
+    result = template(helm, *IMAGE, "--set", setting)
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert complaint in result.stderr
 
 
 def test_settings_values_merge_under_the_chart_values(helm: str) -> None:
-    result = _template(
+    result = template(
         helm,
         *IMAGE,
         "--set",
@@ -597,7 +559,7 @@ def test_settings_values_merge_under_the_chart_values(helm: str) -> None:
         "prometheus.url=http://thanos-query.monitoring.svc:9090",
     )
     assert result.returncode == 0, result.stderr
-    settings_map = _one(_documents(result.stdout), "ConfigMap", "healer-settings")
+    settings_map = _one(documents(result.stdout), "ConfigMap", "healer-settings")
     settings = yaml.safe_load(settings_map["data"]["healer.yaml"])
     assert settings["prometheus"] == {"url": "http://thanos-query.monitoring.svc:9090", "timeout_seconds": 5}
     assert settings["safety"]["allow_missing_providers"] is True

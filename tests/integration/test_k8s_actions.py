@@ -81,6 +81,15 @@ def drain(
     return actions.drain_step(NODE, started_at=T0, now=now, options=options)
 
 
+#: One pod on NODE that two PodDisruptionBudgets select (the Eviction API answers 500).
+TWO_BUDGETS_ON_ONE_POD = [
+    node(NODE),
+    pod("web-1", node_name=NODE, labels={"app": "web", "tier": "front"}),
+    pod_disruption_budget("by-app", match_labels={"app": "web"}, max_unavailable=5),
+    pod_disruption_budget("by-tier", match_labels={"tier": "front"}, max_unavailable=5),
+]
+
+
 def node_obj(emu: KubernetesEmulator, name: str = NODE) -> dict[str, Any]:
     found = emu.get("Node", name)
     assert found is not None
@@ -453,19 +462,41 @@ class TestDrain:
     def test_several_budgets_on_one_pod_block_and_are_all_named(
         self, emulator: KubernetesEmulator, actions: KubernetesNodeActions
     ) -> None:
-        emulator.load(
-            [
-                node(NODE),
-                pod("web-1", node_name=NODE, labels={"app": "web", "tier": "front"}),
-                pod_disruption_budget("by-app", match_labels={"app": "web"}, max_unavailable=5),
-                pod_disruption_budget("by-tier", match_labels={"tier": "front"}, max_unavailable=5),
-            ]
-        )
+        emulator.load(TWO_BUDGETS_ON_ONE_POD)
         actions.cordon(NODE, OWNERSHIP)
         report = drain(actions, now=T0 + timedelta(hours=1), timeout=60)
         assert report.blocked
         assert report.blocked_pods == ("default/web-1",)
         assert report.budgets == ("default/by-app", "default/by-tier")
+
+    def test_several_budgets_block_at_once_long_before_the_deadline(
+        self, emulator: KubernetesEmulator, actions: KubernetesNodeActions
+    ) -> None:
+        """500 "more than one PodDisruptionBudget": no retry can succeed, so no waiting for it."""
+        emulator.load(TWO_BUDGETS_ON_ONE_POD)
+        actions.cordon(NODE, OWNERSHIP)
+        report = drain(actions, now=T0 + timedelta(seconds=1), timeout=3600)
+        assert report.blocked and not report.done
+        assert report.blocked_pods == ("default/web-1",)
+        assert report.budgets == ("default/by-app", "default/by-tier")
+
+    def test_a_429_without_a_budget_cause_is_a_rate_limit_not_a_block(
+        self, emulator: KubernetesEmulator, actions: KubernetesNodeActions
+    ) -> None:
+        """Priority and fairness also answers 429, with no DisruptionBudget cause: retried after
+        Retry-After, and never reported as a budget holding the pod."""
+        emulator.load([node(NODE), pod("web-1", node_name=NODE), pod("web-2", node_name=NODE)])
+        actions.cordon(NODE, OWNERSHIP)
+        emulator.inject_error("POST", r"/pods/web-1/eviction$", 429, times=1)
+        once = drain(actions, now=T0 + timedelta(seconds=1), timeout=60)
+        assert once.evicted == ("default/web-1", "default/web-2") and once.done  # retried in the step
+
+        emulator.load([pod("web-3", node_name=NODE)])
+        emulator.inject_error("POST", r"/pods/web-3/eviction$", 429, times=2)
+        late = drain(actions, now=T0 + timedelta(seconds=61), timeout=60)
+        assert not late.blocked and late.budgets == () and late.errors == {}
+        assert late.remaining == ("default/web-3",)
+        assert drain(actions, now=T0 + timedelta(seconds=62), timeout=60).done
 
     def test_a_failing_eviction_is_retried_then_ends_blocked_at_the_deadline(
         self, emulator: KubernetesEmulator, actions: KubernetesNodeActions

@@ -1,8 +1,9 @@
 """Contract tests: the Kubernetes API behaviours healer relies on.
 
-By default they run against the emulator (``healer_dev.k8s_emulator``), which is what makes
-the emulator trustworthy. With ``HEALER_TEST_KUBECONFIG`` set (and optionally
-``HEALER_TEST_CONTEXT``) they run against that real cluster instead: they create their own
+Each runs twice: against the emulator (``healer_dev.k8s_emulator``), which is what makes the
+emulator trustworthy, and against a real control plane (``tests/kube_cluster.py``: kube-apiserver,
+etcd, kube-controller-manager, kube-scheduler, KWOK nodes). With ``HEALER_TEST_KUBECONFIG`` set
+(and optionally ``HEALER_TEST_CONTEXT``) the second runs against that cluster instead: they create their own
 namespace and objects there and delete them afterwards. Tests that change a Node (cordon, taints,
 conditions) run on a real cluster only when ``HEALER_TEST_NODE`` names a node dedicated to tests;
 they restore it afterwards.
@@ -12,6 +13,7 @@ Pods use ``registry.k8s.io/pause:3.9`` with a zero grace period so a real cluste
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -27,7 +29,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
+from healer.actions.timestamps import micro_time
 from healer_dev.k8s_emulator import KubernetesEmulator, node
+from tests.kube_cluster import ControlPlane
 
 pytestmark = pytest.mark.k8s_contract
 
@@ -119,12 +123,17 @@ class Cluster:
         )
 
 
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
+CONTRACT_NODES = ("contract-node", "contract-other")
+
+
+@pytest.fixture(params=["emulator", "kube"])
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The contract's cluster: the emulator, and the real control plane (``tests/kube_cluster.py``),
+    or the cluster ``HEALER_TEST_KUBECONFIG`` names instead of the latter."""
     kubeconfig = os.environ.get("HEALER_TEST_KUBECONFIG")
     ns = f"healer-contract-{uuid.uuid4().hex[:8]}"
     ns_body = k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns))
-    if kubeconfig:
+    if request.param == "kube" and kubeconfig:
         api = k8s_config.new_client_from_config(
             config_file=kubeconfig, context=os.environ.get("HEALER_TEST_CONTEXT"), persist_config=False
         )
@@ -135,11 +144,25 @@ def cluster() -> Iterator[Cluster]:
             finally:
                 k8s.CoreV1Api(api).delete_namespace(ns)
         return
+    if request.param == "kube":
+        plane: ControlPlane = request.getfixturevalue("kube")
+        with plane.admin_client() as api:
+            core = k8s.CoreV1Api(api)
+            existing = {n.metadata.name for n in core.list_node().items}
+            missing = [n for n in CONTRACT_NODES if n not in existing]
+            if missing:
+                plane.add_nodes(missing)
+            core.create_namespace(ns_body)
+            try:
+                yield Cluster(api=api, namespace=ns, real=True, node=CONTRACT_NODES[0])
+            finally:
+                core.delete_namespace(ns)
+        return
     with KubernetesEmulator() as emu:
-        emu.load([node("contract-node"), node("contract-other")])
+        emu.load([node(n) for n in CONTRACT_NODES])
         with emu.api_client() as api:
             k8s.CoreV1Api(api).create_namespace(ns_body)
-            yield Cluster(api=api, namespace=ns, real=False, node="contract-node")
+            yield Cluster(api=api, namespace=ns, real=False, node=CONTRACT_NODES[0])
 
 
 def status_body(exc: ApiException) -> dict[str, Any]:
@@ -261,6 +284,14 @@ def test_field_selector_lists_only_the_nodes_pods(cluster: Cluster) -> None:
     assert none.items == []
 
 
+def test_a_field_selector_the_resource_does_not_register_is_400(cluster: Cluster) -> None:
+    with pytest.raises(ApiException) as refused:
+        cluster.core.list_pod_for_all_namespaces(field_selector="spec.priorityClassName=high")
+    assert refused.value.status == 400
+    assert status_body(refused.value)["reason"] == "BadRequest"
+    assert "field label not supported: spec.priorityClassName" in status_body(refused.value)["message"]
+
+
 def test_eviction_is_refused_with_429_while_a_budget_allows_nothing(cluster: Cluster) -> None:
     p = cluster.create_pod("guarded", {"app": "guarded"})
     cluster.create_pdb("guarded", {"app": "guarded"}, min_available=1)
@@ -346,13 +377,35 @@ def test_lease_create_conflicts_and_stale_resource_version(cluster: Cluster) -> 
 # --- Events ------------------------------------------------------------------------------------
 
 
+def new_event(meta: dict[str, Any], node: str, event_time: datetime, **fields: Any) -> dict[str, Any]:
+    """An events.k8s.io/v1 Event; ``eventTime`` goes out with six fractional digits only as a
+    :func:`micro_time` (the client writes a plain ``datetime`` with ``isoformat()``)."""
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": meta,
+        "eventTime": event_time,
+        "reason": "HealerContract",
+        "note": "events.k8s.io/v1 event from healer's contract tests",
+        "type": "Warning",
+        "action": "Contract",
+        "reportingController": "healer.dev/healer",
+        "reportingInstance": "contract",
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+        **fields,
+    }
+
+
 def test_events_on_a_node_in_both_apis(cluster: Cluster) -> None:
-    now = datetime.now(UTC)
-    node_ref = k8s.V1ObjectReference(
-        api_version="v1", kind="Node", name="contract-node", uid=str(uuid.uuid4())
-    )
+    """Node Events live in ``default`` under explicit ``<node>.<hex>`` names (client-go's recorder
+    and kubectl name them so); ``kubectl describe node`` finds both APIs' by field selector."""
+    name = CONTRACT_NODES[0]
+    uid = cluster.core.read_node(name).metadata.uid
+    node_ref = k8s.V1ObjectReference(api_version="v1", kind="Node", name=name, uid=uid)
+    now = datetime.now(UTC).replace(microsecond=0)  # a whole second still carries .000000
+    core_name, new_name = f"{name}.{uuid.uuid4().hex[:16]}", f"{name}.{uuid.uuid4().hex[:16]}"
     core_event = k8s.CoreV1Event(
-        metadata=k8s.V1ObjectMeta(generate_name="contract-node."),
+        metadata=k8s.V1ObjectMeta(name=core_name, namespace="default"),
         involved_object=node_ref,
         reason="HealerContract",
         message="core/v1 event from healer's contract tests",
@@ -362,30 +415,63 @@ def test_events_on_a_node_in_both_apis(cluster: Cluster) -> None:
         count=1,
         source=k8s.V1EventSource(component="healer"),
     )
-    made = cluster.core.create_namespaced_event(cluster.namespace, core_event)
-    assert made.metadata.name.startswith("contract-node.")
-    listed = cluster.core.list_namespaced_event(cluster.namespace).items
-    assert any(e.reason == "HealerContract" and e.involved_object.kind == "Node" for e in listed)
-
-    new_event = k8s.EventsV1Event(
-        metadata=k8s.V1ObjectMeta(generate_name="contract-node."),
-        event_time=now,
-        reason="HealerContract",
-        note="events.k8s.io/v1 event from healer's contract tests",
-        type="Warning",
-        action="Contract",
-        reporting_controller="healer.dev/healer",
-        reporting_instance="contract",
-        regarding=node_ref,
-    )
     events = k8s.EventsV1Api(cluster.api)
-    events.create_namespaced_event(cluster.namespace, new_event)
-    listed_v1 = events.list_namespaced_event(cluster.namespace).items
-    assert any(
-        e.note and "events.k8s.io" in e.note and e.regarding.name == "contract-node" for e in listed_v1
-    )
+    body = new_event({"name": new_name, "namespace": "default"}, name, micro_time(now))
+    body["regarding"]["uid"] = uid
+    try:
+        made = cluster.core.create_namespaced_event("default", core_event)
+        assert made.metadata.name == core_name
+        made_v1 = events.create_namespaced_event("default", body)
+        assert made_v1.event_time.microsecond == 0 and made_v1.metadata.name == new_name
 
-    incomplete = k8s.EventsV1Event(metadata=k8s.V1ObjectMeta(generate_name="x."), event_time=now, reason="R")
-    with pytest.raises(ApiException) as invalid:
-        events.create_namespaced_event(cluster.namespace, incomplete)
-    assert invalid.value.status == 422
+        # What `kubectl describe node` lists: core/v1 Events in default selected by the Node.
+        selector = f"involvedObject.kind=Node,involvedObject.name={name}"
+        on_node = cluster.core.list_namespaced_event("default", field_selector=selector).items
+        assert {e.metadata.name for e in on_node} >= {core_name, new_name}
+        assert any(e.message and "events.k8s.io" in e.message for e in on_node)  # one storage, two APIs
+        assert events.read_namespaced_event(new_name, "default").regarding.name == name
+    finally:
+        for event_name in (core_name, new_name):
+            with contextlib.suppress(ApiException):
+                cluster.core.delete_namespaced_event(event_name, "default")
+
+
+def test_event_names_namespaces_and_times_are_validated(cluster: Cluster) -> None:
+    """What the real server refuses with 422: a ``generateName`` ending in ``.``, a Node Event
+    outside ``default``, an events.k8s.io Event missing its required fields; and with 400 an
+    ``eventTime`` without its six fractional digits."""
+    name = CONTRACT_NODES[0]
+    now = datetime.now(UTC)
+    events = k8s.EventsV1Api(cluster.api)
+
+    def named() -> dict[str, Any]:
+        return {"name": f"{name}.{uuid.uuid4().hex[:16]}"}
+
+    refused = {
+        "generateName ending in '.'": (
+            "default",
+            new_event({"generateName": f"{name}."}, name, micro_time(now)),
+        ),
+        "Node Event outside default": (cluster.namespace, new_event(named(), name, micro_time(now))),
+        "required fields missing": (
+            "default",
+            {
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "Event",
+                "metadata": named(),
+                "eventTime": micro_time(now),
+            },
+        ),
+    }
+    for why, (namespace, body) in refused.items():
+        with pytest.raises(ApiException) as invalid:
+            events.create_namespaced_event(namespace, body)
+        assert invalid.value.status == 422, why
+        assert status_body(invalid.value)["reason"] == "Invalid", why
+
+    # An eventTime without its six fractional digits does not even decode: 400.
+    whole = new_event(named(), name, now.replace(microsecond=0))  # isoformat(): no fraction
+    with pytest.raises(ApiException) as undecodable:
+        events.create_namespaced_event("default", whole)
+    assert undecodable.value.status == 400
+    assert status_body(undecodable.value)["reason"] == "BadRequest"

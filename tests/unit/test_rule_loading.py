@@ -599,6 +599,18 @@ MISTAKES = [
         (6, 9, "groups[0].rules[0].labels", "invalid label name: bad-name"),
     ),
     (
+        "rule name that cannot be a taint value",
+        """\
+        groups:
+          - name: gpu
+            rules:
+              - name: "gpu:xid"
+                expr: up
+                actions: [quarantine]
+        """,
+        (6, 9, "groups[0].rules[0].actions", "rule name 'gpu:xid' becomes the taint's value"),
+    ),
+    (
         "YAML syntax",
         """\
         groups:
