@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from healer.engine.labels import gpu_sort_key
 from healer.errors import SourceError
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.sources.prometheus_range import PrometheusRange, RangeSeries, node_selector_expr, step_for
@@ -187,5 +188,4 @@ def _panel(metric: ChartMetric, series: list[RangeSeries], *, start: datetime, e
 
 
 def _sort_key(labels: dict[str, str]) -> tuple[int, str]:
-    gpu = labels.get("gpu", "")
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+    return gpu_sort_key(labels.get("gpu"))

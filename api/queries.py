@@ -41,6 +41,7 @@ from api.schemas import (
     TransitionOut,
 )
 from healer.config import SafetySettings
+from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage
 from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState, OutboxStatus, TicketStatus
 from healer.ruleset.schema import RuleSet
@@ -410,7 +411,7 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
 
 
 def _gpu_sort_key(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+    return gpu_sort_key(gpu)
 
 
 def get_node(session: Session, name: str) -> Node:
