@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from healer.engine.labels import gpu_sort_key
 from healer.errors import SourceError
+from healer.redaction import redact_text
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.sources.prometheus_range import PrometheusRange, RangeSeries, node_selector_expr, step_for
 
@@ -123,7 +124,7 @@ def build_chart(
                 node_selector_expr(metric.metric, node, node_labels), start=start, end=end, step_seconds=step
             )
         except SourceError as exc:
-            panels.append(Panel(title=metric.title, unit=metric.unit, error=str(exc)))
+            panels.append(Panel(title=metric.title, unit=metric.unit, error=redact_text(str(exc))))
             continue
         panels.append(_panel(metric, series, start=start, end=end))
     errors = [p.error for p in panels if p.error]

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from healer.errors import SignatureError
+from healer.redaction import redact_url
 from healer.tickets import signing
 
 log = logging.getLogger(__name__)
@@ -196,9 +197,7 @@ class Receiver:
                     at=self.clock(), path=path, headers=headers, body=body, status=status, signature=signature
                 )
             )
-        log.info(
-            "webhook %s key=%s signature=%s -> %d", signing.redact_url(path), key or "-", signature, status
-        )
+        log.info("webhook %s key=%s signature=%s -> %d", redact_url(path), key or "-", signature, status)
         if new_ticket is not None:
             self._schedule_callbacks(*new_ticket)
         return status, extra, answer
@@ -244,7 +243,7 @@ class Receiver:
             "callback %s for ticket %s to %s -> %s",
             status,
             ticket_id,
-            signing.redact_url(url),
+            redact_url(url),
             result.http_status,
         )
         with self._lock:

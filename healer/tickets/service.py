@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from healer.engine.states import ActionStatus, NodeState, OutboxStatus, TicketStatus
 from healer.operations import OperationError
+from healer.redaction import redact_text
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
 
@@ -347,8 +348,8 @@ def list_tickets(
                 next_attempt_at=(
                     message.next_attempt_at if message and message.status == OutboxStatus.PENDING else None
                 ),
-                last_error=ticket.last_error,
-                reason=ticket.reason,
+                last_error=redact_text(ticket.last_error) if ticket.last_error else None,
+                reason=redact_text(ticket.reason) if ticket.reason else None,
                 created_at=ticket.created_at,
                 sent_at=ticket.sent_at,
                 acknowledged_at=ticket.acknowledged_at,

@@ -1,4 +1,4 @@
-"""HMAC-SHA256 signatures on webhooks (outbound and inbound), secrets, and URL redaction.
+"""HMAC-SHA256 signatures on webhooks (outbound and inbound) and secrets.
 
 Wire format (the same both ways)::
 
@@ -13,21 +13,19 @@ replayed (healer keeps them in ``callback_nonces``).
 
 Secrets come from an environment variable or a file (a Kubernetes Secret mount), never from rule
 files, and never appear in logs, errors or API responses: every URL that reaches a message goes
-through :func:`redact_url`, and free text from the outside (transport errors, response bodies)
-through :func:`scrub`.
+through :func:`healer.redaction.redact_url`, and free text from the outside (transport errors,
+response bodies) through :func:`healer.redaction.redact_text`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -40,7 +38,6 @@ SIGNATURE_HEADER = "X-Healer-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 TICKET_ID_HEADER = "X-Healer-Ticket-Id"
 SIGNATURE_PREFIX = "sha256="
-REDACTED = "REDACTED"
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -139,99 +136,3 @@ def remember_nonce(session: Session, *, nonce: str, now: datetime, max_skew_seco
     session.add(CallbackNonce(signature=nonce, received_at=now))
     # A concurrent duplicate fails here on the unique constraint; the caller turns it into a 401.
     session.flush()
-
-
-# --- redaction ---------------------------------------------------------------------------------
-
-#: Path segments after these are credentials in well-known webhook URLs (Slack, Discord, Teams,
-#: Google Chat, Mattermost).
-_SECRET_PATH_AFTER = ("services", "webhooks", "webhookb2", "IncomingWebhook", "hooks")
-_TOKENISH = re.compile(r"^[A-Za-z0-9_\-.~=+]{16,}$")
-
-
-def _looks_secret(segment: str) -> bool:
-    if not _TOKENISH.match(segment):
-        return False
-    has_digit = any(c.isdigit() for c in segment)
-    has_alpha = any(c.isalpha() for c in segment)
-    return (has_digit and has_alpha) or len(segment) >= 32
-
-
-def redact_url(url: str) -> str:
-    """``url`` fit for logs, errors and the dashboard.
-
-    Drops user info (``user:pass@``), replaces every query value with ``REDACTED``, and replaces
-    path segments that carry credentials: everything after ``/services/`` or ``/webhooks/``
-    (Slack, Discord, Teams) and any segment of 16+ token characters mixing letters and digits.
-    Scheme, host, port and the plain parts of the path stay so a human can tell endpoints apart.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port else host
-    if parts.username or parts.password:
-        netloc = f"{REDACTED}@{netloc}"
-    segments = parts.path.split("/")
-    redacted: list[str] = []
-    after_marker = False
-    for segment in segments:
-        if after_marker and segment:
-            redacted.append(REDACTED)
-            continue
-        redacted.append(REDACTED if _looks_secret(segment) else segment)
-        if segment in _SECRET_PATH_AFTER:
-            after_marker = True
-    query = urlencode([(k, REDACTED) for k, _ in parse_qsl(parts.query, keep_blank_values=True)])
-    return urlunsplit((parts.scheme, netloc, "/".join(redacted), query, ""))
-
-
-def scrub(text: str, *, urls: Iterable[str] = (), secrets: Iterable[bytes | str | None] = ()) -> str:
-    """``text`` with each of ``urls`` replaced by its redacted form and each secret by ``REDACTED``.
-
-    For text that comes from outside (transport errors, response bodies) before it is logged or
-    stored: a provider may echo a request back.
-    """
-    for url in urls:
-        if url:
-            text = text.replace(url, redact_url(url))
-    for secret in secrets:
-        if not secret:
-            continue
-        value = secret.decode(errors="replace") if isinstance(secret, bytes) else secret
-        if len(value) >= 4:
-            text = text.replace(value, REDACTED)
-    return text
-
-
-class RedactUrlsFilter(logging.Filter):
-    """A logging filter that redacts URLs in a record's arguments (see :func:`redact_url`).
-
-    httpx logs every request's full URL at INFO (``HTTP Request: POST https://...``); a Slack or
-    Teams webhook URL is a credential. :func:`install_log_redaction` puts this filter on httpx's
-    logger.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and record.args:
-            record.args = tuple(redact_url(str(arg)) if _is_url(arg) else arg for arg in record.args)
-        return True
-
-
-def _is_url(value: object) -> bool:
-    text = str(value) if value.__class__.__name__ == "URL" or isinstance(value, str) else ""
-    return text.startswith(("http://", "https://"))
-
-
-def install_log_redaction() -> None:
-    """Redact URLs in httpx's request log lines (idempotent; call before sending webhooks)."""
-    logger = logging.getLogger("httpx")
-    if not any(isinstance(f, RedactUrlsFilter) for f in logger.filters):
-        logger.addFilter(RedactUrlsFilter())
