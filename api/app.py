@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import Auth, CsrfCookieMiddleware
 from api.errors import install_error_handlers
+from api.limits import BodyLimitMiddleware
 from api.rendering import STATIC_DIR
 from api.routes import api_v1, ops, pages, ticket_callbacks
 from healer import __version__
@@ -84,6 +85,7 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)  # outermost
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(ops.router)
     app.include_router(api_v1.router)

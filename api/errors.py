@@ -6,7 +6,7 @@ Every refusal is an :class:`ApiError` (status, machine-readable ``code``, human 
 
 Codes: ``bad_request`` and ``invalid_cursor`` (400), ``unauthorized`` (401), ``forbidden`` and
 ``csrf`` (403), ``not_found`` (404), ``method_not_allowed`` (405), ``conflict`` (409),
-``validation_error`` (422), ``unavailable`` (503).
+``payload_too_large`` (413), ``validation_error`` (422), ``unavailable`` (503).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _DEFAULT_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    413: "payload_too_large",
     422: "validation_error",
     503: "unavailable",
 }

@@ -145,6 +145,12 @@ class ProviderSettings(_Group):
     headers: dict[str, str] = Field(default_factory=dict)
     escalation_template: str | None = None
     escalation_provider: str | None = None
+    callback_secret_env: str | None = Field(
+        None, description="Env var with this provider's status-callback HMAC secret."
+    )
+    callback_secret_file: Path | None = Field(
+        None, description="File with this provider's status-callback HMAC secret (Secret mount)."
+    )
 
 
 class TicketSettings(_Group):
@@ -157,7 +163,9 @@ class TicketSettings(_Group):
         30, ge=0, description="A failure within this many days of a repair escalates."
     )
     callback_secret_env: str | None = Field(
-        None, description="Env var with the inbound callback HMAC secret."
+        None,
+        description="Env var with a callback HMAC secret shared by the providers that set none of "
+        "their own (unset: such providers' callbacks are refused).",
     )
     callback_secret_file: Path | None = None
     max_clock_skew_seconds: int = Field(
@@ -195,6 +203,12 @@ class ApiSettings(_Group):
         "viewer", description="Role of requests with no token and no proxy identity."
     )
     csrf_secret: str | None = Field(None, description="Unset = a random secret per process.")
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest request body, bytes, on every route (413 above, checked before reading): "
+        "callbacks, forms and JSON operations are a few kilobytes.",
+    )
 
 
 class Settings(BaseSettings):
