@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from healer.errors import ConfigError
+from healer.ruleset.schema import TemplateName
 
 
 class _Group(BaseModel):
@@ -138,12 +139,14 @@ class ProviderSettings(_Group):
 
     name: str
     url: str
-    template: str = Field("generic.json.j2", description="Built-in template name or a path.")
+    template: TemplateName = Field(
+        "generic.json.j2", description="Template name: a built-in or a file in tickets.templates_dir."
+    )
     secret_env: str | None = Field(None, description="Environment variable holding the HMAC secret.")
     secret_file: Path | None = Field(None, description="File holding the HMAC secret (Secret mount).")
     timeout_seconds: float = Field(10.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
-    escalation_template: str | None = None
+    escalation_template: TemplateName = None
     escalation_provider: str | None = None
     callback_secret_env: str | None = Field(
         None, description="Env var with this provider's status-callback HMAC secret."
@@ -159,6 +162,10 @@ class TicketSettings(_Group):
     cluster_name: str = "local"
     dashboard_url: str = "http://127.0.0.1:8080"
     providers: list[ProviderSettings] = Field(default_factory=list)
+    templates_dir: Path | None = Field(
+        None,
+        description="Directory of your own ticket templates, referred to by file name (never by path).",
+    )
     repeat_window_days: int = Field(
         30, ge=0, description="A failure within this many days of a repair escalates."
     )

@@ -289,7 +289,7 @@ def _prepare(
         escalation=escalation,
     )
     try:
-        text = render(template, context)
+        text = render(template, context, templates_dir=tickets.templates_dir)
     except TicketError as exc:
         return failure(str(exc))
     message.body = text
