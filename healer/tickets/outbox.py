@@ -119,8 +119,8 @@ def request_ticket(
       one ticket listing all of them; once sent, nothing is resent (the dashboard shows the rest).
 
     ``template`` is the rule's template override (a name: a built-in such as ``slack.json.j2`` or a
-    file in ``tickets.templates_dir``); ``None`` uses the provider's. Whether the ticket escalates (a repeat offender) is
-    decided at delivery, against the settings' ``repeat_window_days``.
+    file in ``tickets.templates_dir``); ``None`` uses the provider's. Whether the ticket escalates
+    (a repeat offender) is decided at delivery, against the settings' ``repeat_window_days``.
     """
     records = [finding_record(f) for f in findings]
     ticket = get_ticket(session, incident_id=incident.id, provider=provider)
