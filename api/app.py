@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import Auth, CsrfCookieMiddleware
 from api.errors import install_error_handlers
+from api.headers import SecurityHeadersMiddleware
 from api.limits import BodyLimitMiddleware
 from api.rendering import STATIC_DIR
-from api.routes import api_v1, ops, pages, ticket_callbacks
+from api.routes import api_v1, docs, ops, pages, ticket_callbacks
 from healer import __version__
 from healer.config import Settings
 from healer.metrics import HealerMetrics
@@ -68,6 +69,10 @@ def create_app(
         title="healer",
         version=__version__,
         description="GPU node health remediation: fleet state, history, tickets, rules, audit and actions.",
+        # Served by api.routes.docs behind the access rules, without a CDN.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
@@ -85,10 +90,12 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)  # outermost
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: every response, refusals included
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(ops.router)
     app.include_router(api_v1.router)
     app.include_router(ticket_callbacks.router)
+    app.include_router(docs.router)
     app.include_router(pages.router)
     return app

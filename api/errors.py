@@ -50,7 +50,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    return request.url.path.startswith("/api/") or request.url.path == "/openapi.json"
 
 
 def _render(request: Request, status: int, code: str, message: str) -> Response:
@@ -84,7 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
             parts.append(f"{where or 'request'}: {err.get('msg')}")
-        return _render(request, 422, "validation_error", "; ".join(parts) or "invalid request")
+        message = "; ".join(parts) or "invalid request"
+        if all(err.get("loc", ("",))[0] == "path" for err in exc.errors()):
+            return _render(request, 400, "bad_request", message)  # a URL that names nothing
+        return _render(request, 422, "validation_error", message)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from api import charts, operator, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
-from api.deps import IdentityDep, NowDep, RuleSetDep, SessionDep, SettingsDep, require_operator
+from api.deps import IdentityDep, NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, require_operator
 from api.errors import ApiError
 from api.rendering import render
 from healer.engine.states import ActionStatus, NodeState, TicketStatus
@@ -457,7 +457,7 @@ def control_post(action: str, request: Request, form: FormDep, now: NowDep) -> R
 
 
 @router.get("/tickets/{ticket_id}/close")
-def close_confirm(ticket_id: int, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
+def close_confirm(ticket_id: RowId, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
     ticket = queries.get_ticket(session, ticket_id)
     target = f"ticket {ticket.id} ({ticket.provider}, {ticket.status})"
     if ticket.status == TicketStatus.CLOSED:
@@ -468,7 +468,7 @@ def close_confirm(ticket_id: int, request: Request, session: SessionDep, _op: Op
 
 
 @router.post("/tickets/{ticket_id}/close")
-def close_post(ticket_id: int, request: Request, form: FormDep, now: NowDep) -> Response:
+def close_post(ticket_id: RowId, request: Request, form: FormDep, now: NowDep) -> Response:
     factory = request.app.state.session_factory
     return _run(
         request,

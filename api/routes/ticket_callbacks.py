@@ -31,16 +31,16 @@ import logging
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi import Path as PathParam
 from pydantic import AwareDatetime, BaseModel, Field, ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from api.deps import RowId
 from healer.config import ProviderSettings, Settings, TicketSettings
 from healer.engine.states import TicketStatus
 from healer.errors import SignatureError, TicketError
@@ -50,8 +50,6 @@ from healer.tickets import service, signing
 log = logging.getLogger(__name__)
 
 router = APIRouter(tags=["tickets"])
-#: A ticket id as the database can hold it (PostgreSQL ``integer``); anything else is refused.
-TicketId = Annotated[int, PathParam(ge=1, le=2**31 - 1, description="healer's ticket id.")]
 
 
 class StatusCallback(BaseModel):
@@ -188,7 +186,7 @@ def _handle(
         }
     },
 )
-async def ticket_status_callback(ticket_id: TicketId, request: Request) -> StatusResult:
+async def ticket_status_callback(ticket_id: RowId, request: Request) -> StatusResult:
     """Move a ticket forward from the provider's side (acknowledged, in progress, resolved, ...)."""
     body = await request.body()  # bounded by the app's body limit (api.limits)
     state = request.app.state

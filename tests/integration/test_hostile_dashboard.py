@@ -1,0 +1,124 @@
+"""The dashboard and API under crafted requests: cursors, ids, framing and sniffing, the API's own
+documentation, and the deployment's anonymous access. Real HTTP to the app over uvicorn."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from sqlalchemy.orm import Session, sessionmaker
+
+from tests.integration.test_api_support import (
+    OPERATOR_TOKEN,
+    VIEWER_TOKEN,
+    bearer,
+    build_app,
+    http_client,
+    make_settings,
+    seed,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+LISTINGS = [
+    "/api/v1/nodes",
+    "/api/v1/nodes?sort=name",
+    "/api/v1/nodes/gpu-node-07/history",
+    "/api/v1/incidents",
+    "/api/v1/findings",
+    "/api/v1/tickets",
+    "/api/v1/audit",
+    "/",
+]
+
+
+def b64(value: object) -> str:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+CRAFTED_CURSORS = {
+    "huge id": b64(["since", "2026-03-01T12:00:00+00:00", 10**40]),
+    "huge id by name": b64(["name", "gpu-node-07", 10**40]),
+    "id true": b64(["since", "2026-03-01T12:00:00+00:00", True]),
+    "negative id": b64(["name", "a", -1]),
+    "deep nesting": b64(b"[" * 3000 + b"]" * 3000),
+    "nested within the length limit": b64(b"[" * 300 + b"]" * 300),
+    "key a mapping": b64(["name", {"$ne": 1}, 1]),
+    "key a number": b64(["since", 1e308, 1]),
+    "not base64": "%%%***",
+    "not json": b64(b"\xff\xfe\x00"),
+    "too long": "A" * 5000,
+    "wrong shape": b64({"a": 1}),
+}
+
+
+@pytest.fixture
+def client(session_factory: sessionmaker[Session]) -> Iterator[httpx.Client]:
+    seed(session_factory)
+    with http_client(build_app(session_factory)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("cursor", list(CRAFTED_CURSORS.values()), ids=list(CRAFTED_CURSORS))
+def test_crafted_cursors_are_400_with_a_clear_body(client: httpx.Client, cursor: str) -> None:
+    for listing in LISTINGS:
+        sep = "&" if "?" in listing else "?"
+        r = client.get(f"{listing}{sep}cursor={cursor}", headers=bearer(VIEWER_TOKEN))
+        assert r.status_code == 400, (listing, r.status_code, r.text[:300])
+        if listing.startswith("/api/"):
+            assert r.json()["error"]["code"] == "invalid_cursor"
+        assert "Traceback" not in r.text
+
+
+@pytest.mark.parametrize("ticket_id", ["99999999999999999999999", "2147483648", "0", "-5"])
+def test_out_of_range_ticket_ids_are_400(client: httpx.Client, ticket_id: str) -> None:
+    r = client.post(f"/api/v1/tickets/{ticket_id}/close", json={}, headers=bearer(OPERATOR_TOKEN))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_request", r.text
+    page = client.get(f"/tickets/{ticket_id}/close", headers=bearer(OPERATOR_TOKEN))
+    assert page.status_code == 400
+
+
+def test_security_headers_on_every_response(client: httpx.Client) -> None:
+    for path, status in (
+        ("/", 200),
+        ("/api/v1/nodes", 200),
+        ("/healthz", 200),
+        ("/metrics", 200),
+        ("/static/style.css", 200),
+        ("/nodes/none-such", 404),
+        ("/api/v1/nothing", 404),
+    ):
+        r = client.get(path)
+        assert r.status_code == status, path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert "script-src" not in r.headers["content-security-policy"]  # default-src 'none'
+        assert r.headers["x-frame-options"] == "DENY"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["referrer-policy"] == "no-referrer"
+    assert client.get("/").headers["cache-control"] == "no-store"
+    too_big = client.post("/api/v1/pause", content=b"x" * (2 * 1024 * 1024))
+    assert too_big.status_code == 413 and too_big.headers["x-frame-options"] == "DENY"
+
+
+def test_api_docs_are_local_and_behind_the_access_rules(session_factory: sessionmaker[Session]) -> None:
+    seed(session_factory)
+    with http_client(build_app(session_factory, make_settings(anonymous_role="none"))) as c:
+        for path in ("/openapi.json", "/api/v1/nodes"):
+            assert c.get(path).status_code == 401, path
+        assert c.get("/docs").status_code in (303, 401)  # a page: to the login form
+        spec = c.get("/openapi.json", headers=bearer(VIEWER_TOKEN)).json()
+        assert "/api/v1/nodes" in spec["paths"]
+        docs = c.get("/docs", headers=bearer(VIEWER_TOKEN))
+        assert docs.status_code == 200 and "/api/v1/nodes/{name}/release" in docs.text
+        assert "<script" not in docs.text and "cdn" not in docs.text.lower()
+        assert c.get("/redoc").status_code in (303, 401, 404)
+
+
+def test_deploy_has_no_anonymous_access() -> None:
+    config = yaml.safe_load((REPO / "deploy" / "base" / "healer.yaml").read_text())
+    assert config["api"]["anonymous_role"] == "none"
