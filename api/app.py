@@ -19,12 +19,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.auth import Auth, CsrfCookieMiddleware
+from api.auth import SESSION_MAX_AGE_SECONDS, Auth, CsrfCookieMiddleware
 from api.errors import install_error_handlers
 from api.headers import SecurityHeadersMiddleware
 from api.limits import BodyLimitMiddleware
 from api.rendering import STATIC_DIR
 from api.routes import api_v1, docs, ops, pages, ticket_callbacks
+from api.sessions import RevokedSessions
 from healer import __version__
 from healer.config import Settings
 from healer.metrics import HealerMetrics
@@ -81,7 +82,12 @@ def create_app(
     app.state.leader_provider = leader_provider
     app.state.metrics = metrics or HealerMetrics()
     app.state.metrics.register_database(session_factory)
-    app.state.auth = Auth(settings.api)
+    app.state.auth = Auth(
+        settings.api,
+        revoked=RevokedSessions(
+            session_factory, clock=app.state.clock, lifetime_seconds=SESSION_MAX_AGE_SECONDS
+        ),
+    )
     app.state.prometheus = prometheus or PrometheusRange(
         settings.prometheus.url,
         timeout_seconds=min(settings.prometheus.timeout_seconds, CHART_TIMEOUT_SECONDS),

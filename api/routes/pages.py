@@ -225,9 +225,11 @@ def login(
 
 @router.post("/logout")
 def logout(request: Request, csrf_token: Annotated[str, Form(alias=CSRF_FIELD)] = "") -> Response:
-    """Forget the login cookie."""
+    """End the login session on the server (a copied cookie stops working) and forget the cookie."""
     auth: Auth = request.app.state.auth
     auth.check_csrf(request, csrf_token)
+    who = auth.read_login(request.cookies.get(SESSION_COOKIE))
+    auth.logout(request.cookies.get(SESSION_COOKIE), user=who.user if who else "anonymous")
     request.state.set_cookies.append(
         cookie_header(SESSION_COOKIE, "", max_age=0, secure=request.url.scheme == "https")
     )

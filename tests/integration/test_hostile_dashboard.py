@@ -18,7 +18,9 @@ from tests.integration.test_api_support import (
     VIEWER_TOKEN,
     bearer,
     build_app,
+    csrf_from,
     http_client,
+    login,
     make_settings,
     seed,
 )
@@ -122,3 +124,41 @@ def test_api_docs_are_local_and_behind_the_access_rules(session_factory: session
 def test_deploy_has_no_anonymous_access() -> None:
     config = yaml.safe_load((REPO / "deploy" / "base" / "healer.yaml").read_text())
     assert config["api"]["anonymous_role"] == "none"
+
+
+def test_logout_ends_a_copied_session_cookie(session_factory: sessionmaker[Session]) -> None:
+    seed(session_factory)
+    app = build_app(session_factory, make_settings(anonymous_role="none"))
+    with http_client(app) as victim:
+        csrf = login(victim, VIEWER_TOKEN)
+        stolen = victim.cookies.get("healer_session")
+        assert stolen
+        with httpx.Client(base_url=str(victim.base_url), timeout=10) as thief:
+            thief.cookies.set("healer_session", stolen)
+            assert thief.get("/api/v1/status").status_code == 200  # the copy works while logged in
+            assert victim.post("/logout", data={"csrf_token": csrf}).status_code == 303
+            assert thief.get("/api/v1/status").status_code == 401  # and not after the logout
+            assert thief.get("/").status_code == 303  # a page: back to the login form
+
+
+def test_csrf_token_is_bound_to_the_login_session(session_factory: sessionmaker[Session]) -> None:
+    seed(session_factory)
+    app = build_app(session_factory, make_settings(anonymous_role="none"))
+    with http_client(app) as attacker, httpx.Client(base_url=str(attacker.base_url), timeout=10) as victim:
+        planted_token = csrf_from(attacker.get("/login").text)
+        planted_cookie = attacker.cookies.get("healer_csrf")
+        own = login(victim, OPERATOR_TOKEN)
+        # The attacker plants their CSRF cookie in the victim's browser (e.g. from a sibling
+        # subdomain) and makes it post a form with the matching token: refused.
+        victim.cookies.set("healer_csrf", planted_cookie)
+        forged = victim.post("/controls/pause", data={"csrf_token": planted_token, "confirm": "yes"})
+        assert forged.status_code == 403 and "CSRF" in forged.text
+        assert "Pause running" in victim.get("/").text or "paused" not in victim.get("/").text.lower()
+        victim.cookies.delete("healer_csrf")
+        with httpx.Client(base_url=str(attacker.base_url), timeout=10) as fresh:
+            fresh_csrf = login(fresh, OPERATOR_TOKEN)
+            assert (
+                fresh.post("/controls/pause", data={"csrf_token": fresh_csrf, "confirm": "yes"}).status_code
+                == 303
+            )
+        assert own  # the victim's own token was for its own session
