@@ -13,6 +13,7 @@ inbound provider callbacks (when the tickets feature provides them), and ``/heal
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from fastapi import FastAPI
@@ -20,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth import SESSION_MAX_AGE_SECONDS, Auth, CsrfCookieMiddleware
+from api.charts import ChartGate
 from api.errors import install_error_handlers
 from api.headers import SecurityHeadersMiddleware
 from api.limits import BodyLimitMiddleware
@@ -34,6 +36,10 @@ from healer.sources.prometheus_range import PrometheusRange
 
 #: The chart's range queries must not hold a page for the full detection timeout.
 CHART_TIMEOUT_SECONDS = 3.0
+#: Node-page charts built at once, and how long a page waits for a turn (seconds) before it is
+#: shown without its chart: a burst of node pages must not hold every request thread.
+CHART_CONCURRENCY = 4
+CHART_WAIT_SECONDS = 1.0
 
 
 def _utc_now() -> datetime:
@@ -94,6 +100,8 @@ def create_app(
         headers=settings.prometheus.headers,
         verify_tls=settings.prometheus.verify_tls,
     )
+    app.state.chart_gate = ChartGate(concurrency=CHART_CONCURRENCY, wait_seconds=CHART_WAIT_SECONDS)
+    app.state.probe_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="healer-probe")
     install_error_handlers(app)
     app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)

@@ -99,13 +99,19 @@ def node_page(
     start, end = charts.chart_window(
         incident.opened_at if incident else None, incident.closed_at if incident else None, now=now
     )
-    chart = charts.build_chart(
-        request.app.state.prometheus,
-        node=name,
-        node_labels=charts.node_labels_of(ruleset),
-        start=start,
-        end=end,
-    )
+    gate: charts.ChartGate = request.app.state.chart_gate
+    with gate.slot() as turn:
+        chart = (
+            charts.build_chart(
+                request.app.state.prometheus,
+                node=name,
+                node_labels=charts.node_labels_of(ruleset),
+                start=start,
+                end=end,
+            )
+            if turn
+            else charts.busy_chart(start=start, end=end)
+        )
     return render(
         request,
         "node.html",

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -162,3 +165,35 @@ def test_csrf_token_is_bound_to_the_login_session(session_factory: sessionmaker[
                 == 303
             )
         assert own  # the victim's own token was for its own session
+
+
+def test_probes_answer_while_node_pages_pile_up(session_factory: sessionmaker[Session]) -> None:
+    """200 node pages at once against a Prometheus that never answers: /healthz and /readyz still
+    answer quickly (a liveness probe times out after a few seconds)."""
+    seed(session_factory)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(512)
+        settings = make_settings()
+        prometheus = settings.prometheus.model_copy(
+            update={"url": f"http://127.0.0.1:{hung.getsockname()[1]}"}
+        )
+        app = build_app(session_factory, settings.model_copy(update={"prometheus": prometheus}))
+        with http_client(app) as client, ThreadPoolExecutor(max_workers=200) as pool:
+            url = str(client.base_url.join("/nodes/gpu-node-07"))
+            pages = [
+                pool.submit(httpx.get, url, headers=bearer(VIEWER_TOKEN), timeout=120) for _ in range(200)
+            ]
+            time.sleep(1.0)  # the pages now hold the request threads
+            probe_seconds = []
+            for _ in range(5):
+                started = time.monotonic()
+                assert client.get("/healthz", timeout=10).status_code == 200
+                ready = client.get("/readyz", timeout=10)
+                probe_seconds.append(time.monotonic() - started)
+                assert ready.status_code in (200, 503)
+            answers = [p.result() for p in pages]
+    assert max(probe_seconds) < 3.0, probe_seconds
+    assert all(a.status_code == 200 for a in answers)
+    busy = [a for a in answers if "too many charts" in a.text]
+    assert busy, "the chart gate turned some pages away from Prometheus"
