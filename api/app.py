@@ -14,21 +14,31 @@ inbound provider callbacks (when the tickets feature provides them), and ``/heal
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.auth import Auth, CsrfCookieMiddleware
+from api.auth import SESSION_MAX_AGE_SECONDS, Auth, CsrfCookieMiddleware
+from api.charts import ChartGate
 from api.errors import install_error_handlers
+from api.headers import SecurityHeadersMiddleware
+from api.limits import BodyLimitMiddleware
 from api.rendering import STATIC_DIR
-from api.routes import api_v1, ops, pages, ticket_callbacks
+from api.routes import api_v1, docs, ops, pages, ticket_callbacks
+from api.sessions import RevokedSessions
 from healer import __version__
 from healer.config import Settings
 from healer.metrics import HealerMetrics
 from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus_range import PrometheusRange
+
+#: Node-page charts built at once, and how long a page waits for a turn (seconds) before it is
+#: shown without its chart: a burst of node pages must not hold every request thread.
+CHART_CONCURRENCY = 4
+CHART_WAIT_SECONDS = 1.0
 
 
 def create_app(
@@ -60,6 +70,10 @@ def create_app(
         title="healer",
         version=__version__,
         description="GPU node health remediation: fleet state, history, tickets, rules, audit and actions.",
+        # Served by api.routes.docs behind the access rules, without a CDN.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
@@ -68,13 +82,23 @@ def create_app(
     app.state.leader_provider = leader_provider
     app.state.metrics = metrics
     app.state.metrics.register_database(session_factory)
-    app.state.auth = Auth(settings.api)
+    app.state.auth = Auth(
+        settings.api,
+        revoked=RevokedSessions(
+            session_factory, clock=app.state.clock, lifetime_seconds=SESSION_MAX_AGE_SECONDS
+        ),
+    )
     app.state.prometheus = prometheus
+    app.state.chart_gate = ChartGate(concurrency=CHART_CONCURRENCY, wait_seconds=CHART_WAIT_SECONDS)
+    app.state.probe_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="healer-probe")
     install_error_handlers(app)
     app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: every response, refusals included
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(ops.router)
     app.include_router(api_v1.router)
     app.include_router(ticket_callbacks.router)
+    app.include_router(docs.router)
     app.include_router(pages.router)
     return app

@@ -5,15 +5,17 @@ Identity, first match wins:
 1. ``Authorization: Bearer <token>``: a token from ``api.tokens`` (an unknown token is a 401, not
    a fall-through to weaker identities).
 2. The login cookie (``healer_session``) set by the login form after the user gave a valid token. It
-   holds a digest of the token, never the token, and is re-checked against the settings on every
-   request, so removing a token from the settings logs its sessions out.
+   holds a digest of the token, never the token, and a random session id; it is re-checked against
+   the settings on every request, so removing a token from the settings logs its sessions out, and
+   against the revoked sessions (:mod:`api.sessions`), so a logout ends every copy of the cookie.
 3. The authenticating proxy's user header (``api.proxy_user_header``, e.g. oauth2-proxy's
    ``X-Forwarded-User``); operator when one of the groups in ``api.proxy_groups_header`` is in
    ``api.operator_groups``. Only configure this when healer is reachable through the proxy alone.
 4. ``api.anonymous_role`` (``none`` refuses the request with 401).
 
 CSRF: every non-API response carries a ``healer_csrf`` cookie (a signed random id); forms embed
-``HMAC(secret, id)`` and every form POST must send it back. Both cookies are HttpOnly and
+``HMAC(secret, id + login session id)`` and every form POST must send it back: a cookie and token
+pair planted from another session does not match. Both cookies are HttpOnly and
 ``SameSite=Strict``. JSON API POSTs authenticated with a bearer header are exempt: a browser cannot
 attach that header to a cross-site request. JSON POSTs authenticated any other way (login cookie,
 proxy header, anonymous) must send the token in the ``X-CSRF-Token`` header, which a cross-site
@@ -37,6 +39,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import ApiError
+from api.sessions import RevokedSessions
 from healer.config import ApiSettings
 
 Role = Literal["viewer", "operator"]
@@ -73,8 +76,9 @@ def _digest(token: str) -> str:
 class Auth:
     """Identity resolution, login cookies and CSRF tokens for one app (built from :class:`ApiSettings`)."""
 
-    def __init__(self, settings: ApiSettings) -> None:
+    def __init__(self, settings: ApiSettings, *, revoked: RevokedSessions | None = None) -> None:
         self.settings = settings
+        self.revoked = revoked
         self._secret = (settings.csrf_secret or secrets.token_urlsafe(32)).encode()
         self._sessions = URLSafeTimedSerializer(self._secret, salt="healer-session")
         self._csrf_ids = URLSafeTimedSerializer(self._secret, salt="healer-csrf-id")
@@ -129,21 +133,37 @@ class Auth:
         found = self._tokens.get(digest)
         if found is None:
             return None
-        cookie = self._sessions.dumps({"tok": digest})
+        cookie = self._sessions.dumps({"tok": digest, "sid": secrets.token_urlsafe(16)})
         return Identity(user=found.user, role=found.role, via="session"), cookie
 
-    def read_login(self, cookie: str | None) -> Identity | None:
-        """The identity of a login cookie, if its signature, age and token are still valid."""
+    def session_id(self, cookie: str | None) -> str | None:
+        """The session id in a login cookie whose signature and age are valid (revoked or not)."""
         if not cookie:
             return None
         try:
             data: Any = self._sessions.loads(cookie, max_age=SESSION_MAX_AGE_SECONDS)
         except BadSignature:
             return None
-        token = self._tokens.get(data.get("tok", "")) if isinstance(data, dict) else None
-        if token is None:
+        sid = data.get("sid") if isinstance(data, dict) else None
+        return sid if isinstance(sid, str) and sid else None
+
+    def read_login(self, cookie: str | None) -> Identity | None:
+        """The identity of a login cookie, if its signature, age and token are still valid and its
+        session was not logged out."""
+        sid = self.session_id(cookie)
+        if sid is None:
+            return None
+        data: Any = self._sessions.loads(cookie or "", max_age=SESSION_MAX_AGE_SECONDS)
+        token = self._tokens.get(data.get("tok", ""))
+        if token is None or (self.revoked is not None and self.revoked.is_revoked(sid)):
             return None
         return Identity(user=token.user, role=token.role, via="session")
+
+    def logout(self, cookie: str | None, *, user: str) -> None:
+        """End the session of ``cookie`` on the server side (a copy of the cookie stops working)."""
+        sid = self.session_id(cookie)
+        if sid is not None and self.revoked is not None:
+            self.revoked.revoke(sid, by=user)
 
     # --- CSRF -------------------------------------------------------------------------------
 
@@ -162,16 +182,21 @@ class Auth:
             return None
         return value if isinstance(value, str) else None
 
-    def csrf_token(self, csrf_id: str) -> str:
-        """The token forms carry for the browser holding ``csrf_id``."""
-        return hmac.new(self._secret, f"csrf:{csrf_id}".encode(), hashlib.sha256).hexdigest()
+    def csrf_token(self, csrf_id: str, session_id: str | None = None) -> str:
+        """The token forms carry for the browser holding ``csrf_id``, bound to its login session
+        (``session_id``; none before login): a token planted from another session is refused."""
+        message = f"csrf:{csrf_id}:{session_id or ''}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
     def check_csrf(self, request: Request, submitted: str | None) -> None:
-        """Refuse (403, code ``csrf``) unless ``submitted`` matches the caller's CSRF cookie."""
-        csrf_id = request.scope.get("state", {}).get("csrf_id")
+        """Refuse (403, code ``csrf``) unless ``submitted`` matches the caller's CSRF cookie and
+        login session."""
+        state = request.scope.get("state", {})
+        csrf_id = state.get("csrf_id")
         if not csrf_id or not request.cookies.get(CSRF_COOKIE):
             raise ApiError(403, "missing CSRF cookie: reload the page and try again", code="csrf")
-        if not submitted or not hmac.compare_digest(submitted, self.csrf_token(csrf_id)):
+        expected = self.csrf_token(csrf_id, state.get("session_id"))
+        if not submitted or not hmac.compare_digest(submitted, expected):
             raise ApiError(403, "invalid CSRF token: reload the page and try again", code="csrf")
 
 
@@ -208,6 +233,7 @@ class CsrfCookieMiddleware:
             csrf_id, value = self.auth.new_csrf_cookie()
             new_cookies.append(cookie_header(CSRF_COOKIE, value, max_age=CSRF_MAX_AGE_SECONDS, secure=secure))
         state["csrf_id"] = csrf_id
+        state["session_id"] = self.auth.session_id(request.cookies.get(SESSION_COOKIE))
         state["set_cookies"] = []
 
         async def send_with_cookies(message: Message) -> None:

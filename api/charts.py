@@ -7,10 +7,15 @@ no JavaScript. Text (GPU labels) is left to the template, which escapes it.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from healer.engine.labels import gpu_sort_key
 from healer.errors import SourceError
+from healer.redaction import redact_text
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.sources.prometheus_range import PrometheusRange, RangeSeries, node_selector_expr, step_for
 
@@ -122,7 +127,7 @@ def build_chart(
                 node_selector_expr(metric.metric, node, node_labels), start=start, end=end, step_seconds=step
             )
         except SourceError as exc:
-            panels.append(Panel(title=metric.title, unit=metric.unit, error=str(exc)))
+            panels.append(Panel(title=metric.title, unit=metric.unit, error=redact_text(str(exc))))
             continue
         panels.append(_panel(metric, series, start=start, end=end))
     errors = [p.error for p in panels if p.error]
@@ -187,5 +192,37 @@ def _panel(metric: ChartMetric, series: list[RangeSeries], *, start: datetime, e
 
 
 def _sort_key(labels: dict[str, str]) -> tuple[int, str]:
-    gpu = labels.get("gpu", "")
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+    return gpu_sort_key(labels.get("gpu"))
+
+
+class ChartGate:
+    """Bounds the node pages' Prometheus range queries: at most ``concurrency`` charts are built at
+    once, and a page waits at most ``wait_seconds`` for a turn, then shows the page without the
+    chart. With each query bounded by its timeout too, a burst of node pages can neither pile up on
+    Prometheus nor hold every request thread.
+    """
+
+    def __init__(self, *, concurrency: int = 4, wait_seconds: float = 1.0) -> None:
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._wait = wait_seconds
+
+    @contextmanager
+    def slot(self) -> Iterator[bool]:
+        """Yields True with a turn held, False when none came within ``wait_seconds``."""
+        acquired = self._slots.acquire(timeout=self._wait)
+        try:
+            yield acquired
+        finally:
+            if acquired:
+                self._slots.release()
+
+
+def busy_chart(*, start: datetime, end: datetime) -> Chart:
+    """The chart shown when :class:`ChartGate` gave no turn."""
+    message = "too many charts being drawn right now; reload in a moment"
+    return Chart(
+        start=start,
+        end=end,
+        panels=[Panel(title=m.title, unit=m.unit, error=message) for m in METRICS],
+        error=message,
+    )

@@ -6,13 +6,17 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
 from api.auth import Auth, Identity
 from api.errors import ApiError
 from healer.config import Settings
 from healer.ruleset.schema import RuleSet
+
+#: A row id in a path (a ticket's): 1 .. 2**31-1, what the database's ``integer`` holds. Anything
+#: else is a 400 before a query runs.
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1, description="A row id (1 to 2147483647).")]
 
 
 def get_session(request: Request) -> Iterator[Session]:

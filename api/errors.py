@@ -6,7 +6,7 @@ Every refusal is an :class:`ApiError` (status, machine-readable ``code``, human 
 
 Codes: ``bad_request`` and ``invalid_cursor`` (400), ``unauthorized`` (401), ``forbidden`` and
 ``csrf`` (403), ``not_found`` (404), ``method_not_allowed`` (405), ``conflict`` (409),
-``validation_error`` (422), ``unavailable`` (503).
+``payload_too_large`` (413), ``validation_error`` (422), ``unavailable`` (503).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _DEFAULT_CODES = {
     404: "not_found",
     405: "method_not_allowed",
     409: "conflict",
+    413: "payload_too_large",
     422: "validation_error",
     503: "unavailable",
 }
@@ -49,7 +50,7 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 
 def _wants_json(request: Request) -> bool:
-    return request.url.path.startswith("/api/")
+    return request.url.path.startswith("/api/") or request.url.path == "/openapi.json"
 
 
 def _render(request: Request, status: int, code: str, message: str) -> Response:
@@ -83,7 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
         for err in exc.errors():
             where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
             parts.append(f"{where or 'request'}: {err.get('msg')}")
-        return _render(request, 422, "validation_error", "; ".join(parts) or "invalid request")
+        message = "; ".join(parts) or "invalid request"
+        if all(err.get("loc", ("",))[0] == "path" for err in exc.errors()):
+            return _render(request, 400, "bad_request", message)  # a URL that names nothing
+        return _render(request, 422, "validation_error", message)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -41,6 +41,7 @@ from api.schemas import (
     TransitionOut,
 )
 from healer.config import SafetySettings
+from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage
 from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
 from healer.ruleset.schema import RuleSet
@@ -80,6 +81,11 @@ NodeSort = Literal["since", "name"]
 
 # --- cursors -----------------------------------------------------------------------------------
 
+#: Longest cursor accepted, characters (ours are under 200).
+MAX_CURSOR_CHARS = 1024
+#: Largest row id (PostgreSQL ``integer``).
+MAX_ROW_ID = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Cursor:
@@ -100,13 +106,18 @@ class Cursor:
         Raises:
             ApiError: 400 ``invalid_cursor`` when it is malformed or made for another sort.
         """
+        if len(value) > MAX_CURSOR_CHARS:
+            raise ApiError(400, "invalid cursor: too long", code="invalid_cursor")
         try:
             raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
             made_for, key, row_id = json.loads(raw)
-        except (binascii.Error, ValueError, TypeError) as exc:
+        except (binascii.Error, ValueError, TypeError, RecursionError) as exc:
             raise ApiError(400, "invalid cursor", code="invalid_cursor") from exc
-        if made_for != sort or not isinstance(row_id, int):
+        if made_for != sort:
             raise ApiError(400, "cursor does not belong to this listing", code="invalid_cursor")
+        # bool is an int in Python; ids beyond the column's range would overflow the database.
+        if type(row_id) is not int or not 0 <= row_id <= MAX_ROW_ID or not isinstance(key, str):
+            raise ApiError(400, "invalid cursor", code="invalid_cursor")
         return cls(sort=made_for, key=key, id=row_id)
 
 
@@ -408,7 +419,7 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
 
 
 def _gpu_sort_key(gpu: str) -> tuple[int, str]:
-    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+    return gpu_sort_key(gpu)
 
 
 def get_node(session: Session, name: str) -> Node:

@@ -72,7 +72,9 @@ def render(request: Request, name: str, context: dict[str, Any], *, status_code:
     auth = getattr(request.app.state, "auth", None)
     base = {
         "identity": identity,
-        "csrf_token": auth.csrf_token(csrf_id) if auth is not None and csrf_id else "",
+        "csrf_token": auth.csrf_token(csrf_id, state.get("session_id"))
+        if auth is not None and csrf_id
+        else "",
         "path": request.url.path,
     }
     return _templates.TemplateResponse(request, name, {**base, **context}, status_code=status_code)

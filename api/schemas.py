@@ -6,11 +6,16 @@ Times are aware UTC ISO 8601; durations are seconds.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
+
+from healer.redaction import redact_text
 
 T = TypeVar("T")
+#: Text that may carry a URL or a secret from outside (provider answers, transport errors): shown
+#: only through :func:`healer.redaction.redact_text`, on pages and in the API alike.
+Redacted = Annotated[str, AfterValidator(redact_text)]
 
 
 class ErrorDetail(BaseModel):
@@ -99,7 +104,7 @@ class ActionOut(BaseModel):
     status: str
     actor: str
     attempts: int
-    error: str | None
+    error: Redacted | None
     detail: dict[str, Any] | None
     created_at: datetime
     incident_id: int | None
@@ -126,7 +131,7 @@ class TicketOut(BaseModel):
     open: bool
     external_id: str | None
     escalated: bool
-    reason: str | None
+    reason: Redacted | None
     created_at: datetime
     sent_at: datetime | None
     acknowledged_at: datetime | None
@@ -136,7 +141,7 @@ class TicketOut(BaseModel):
     time_to_acknowledge_seconds: float | None
     time_to_repair_seconds: float | None
     delivery_attempts: int = 0
-    delivery_error: str | None = None
+    delivery_error: Redacted | None = None
 
 
 class ProviderStats(BaseModel):
@@ -179,7 +184,7 @@ class RuleOut(BaseModel):
     health: str | None = Field(
         default=None, description="ok, no_data, error, unavailable; null: never evaluated."
     )
-    last_error: str | None = None
+    last_error: Redacted | None = None
     last_evaluated_at: datetime | None = None
     last_duration_seconds: float | None = None
     series: int | None = None

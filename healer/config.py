@@ -22,6 +22,7 @@ from pydantic_settings import (
 from healer.errors import ConfigError
 from healer.model import limits as engine_limits
 from healer.model.limits import SafetyLimits
+from healer.ruleset.schema import RequiredTemplateName, TemplateName
 
 #: Days of a maintenance window, as the settings spell them.
 Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
@@ -162,13 +163,21 @@ class ProviderSettings(_Group):
 
     name: str
     url: str
-    template: str = Field("generic.json.j2", description="Built-in template name or a path.")
+    template: RequiredTemplateName = Field(
+        "generic.json.j2", description="Template name: a built-in or a file in tickets.templates_dir."
+    )
     secret_env: str | None = Field(None, description="Environment variable holding the HMAC secret.")
     secret_file: Path | None = Field(None, description="File holding the HMAC secret (Secret mount).")
     timeout_seconds: float = Field(10.0, gt=0)
     headers: dict[str, str] = Field(default_factory=dict)
-    escalation_template: str | None = None
+    escalation_template: TemplateName = None
     escalation_provider: str | None = None
+    callback_secret_env: str | None = Field(
+        None, description="Env var with this provider's status-callback HMAC secret."
+    )
+    callback_secret_file: Path | None = Field(
+        None, description="File with this provider's status-callback HMAC secret (Secret mount)."
+    )
 
 
 class TicketSettings(_Group):
@@ -177,11 +186,17 @@ class TicketSettings(_Group):
     cluster_name: str = "local"
     dashboard_url: str = "http://127.0.0.1:8080"
     providers: list[ProviderSettings] = Field(default_factory=list)
+    templates_dir: Path | None = Field(
+        None,
+        description="Directory of your own ticket templates, referred to by file name (never by path).",
+    )
     repeat_window_days: int = Field(
         30, ge=0, description="A failure within this many days of a repair escalates."
     )
     callback_secret_env: str | None = Field(
-        None, description="Env var with the inbound callback HMAC secret."
+        None,
+        description="Env var with a callback HMAC secret shared by the providers that set none of "
+        "their own (unset: such providers' callbacks are refused).",
     )
     callback_secret_file: Path | None = None
     max_clock_skew_seconds: int = Field(
@@ -219,6 +234,12 @@ class ApiSettings(_Group):
         "viewer", description="Role of requests with no token and no proxy identity."
     )
     csrf_secret: str | None = Field(None, description="Unset = a random secret per process.")
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest request body, bytes, on every route (413 above, checked before reading): "
+        "callbacks, forms and JSON operations are a few kilobytes.",
+    )
 
 
 class Settings(BaseSettings):

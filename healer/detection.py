@@ -14,6 +14,7 @@ and keep their state, like any rule whose query failed.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from healer.ruleset.schema import RuleSet
 from healer.sources.base import Deadline, MetricsSource
 from healer.store.evaluations import load_state, record_changes, record_reports
 from healer.store.session import transaction
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,9 @@ def run_detection(
     evaluation = evaluate(
         ruleset=ruleset, results=results, previous=state, now=now, durations=durations, not_due=not_due
     )
+    for report in evaluation.reports:
+        if report.cleaned:
+            log.warning("rule %s: %s", report.rule, report.warnings[-1])
     if session_factory is not None:
         with transaction(session_factory) as session:
             record_reports(session, evaluation.reports)

@@ -7,6 +7,8 @@ import sys
 
 from pythonjsonlogger.json import JsonFormatter
 
+from healer import redaction
+
 
 def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
     """Send every logger to stderr, as JSON lines (``json=False``: plain text for a terminal).
@@ -25,6 +27,8 @@ def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
         )
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    # Every line is redacted: URLs lose credentials, tokens and query values (healer.redaction).
+    redaction.install(handler)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -71,6 +71,19 @@ class HealerMetrics:
             ["kind", "result"],
             registry=self.registry,
         )
+        self.label_values_cleaned = Counter(
+            "healer_label_values_cleaned",
+            "Series evaluated with label values cleaned first (NUL, invalid text, overlong node "
+            "names), by rule: an exporter is reporting something odd.",
+            ["rule"],
+            registry=self.registry,
+        )
+
+    def count_cleaned(self, rule: str, series: int) -> None:
+        """Count ``series`` whose label values had to be cleaned before ``rule`` could record them
+        (NUL, invalid text, overlong node names; see :mod:`healer.engine.labels`)."""
+        if series:
+            self.label_values_cleaned.labels(rule=rule).inc(series)
 
     def observe_tick(self, *, duration_seconds: float, ok: bool = True) -> None:
         """Count one tick and record its duration (seconds)."""

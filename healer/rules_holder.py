@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.ruleset.loading import load_ruleset, reload_ruleset
+from healer.ruleset.loading import RULE_FILE_SUFFIXES, load_ruleset, reload_ruleset
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.session import transaction
@@ -22,14 +22,37 @@ from healer.store.session import transaction
 log = logging.getLogger(__name__)
 
 
+#: Characters of a rejected reload's error kept for the Rules page (every problem is also logged).
+MAX_RECORDED_ERROR = 8000
+
+
 def _fingerprint(paths: Sequence[Path]) -> tuple[tuple[str, float, int], ...]:
-    files: list[Path] = []
+    """(file, mtime, size) of every rule file; a file that vanishes meanwhile is simply left out."""
+    found: list[tuple[str, float, int]] = []
     for path in paths:
-        if path.is_dir():
-            files.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
-        elif path.exists():
-            files.append(path)
-    return tuple((str(p), p.stat().st_mtime, p.stat().st_size) for p in files)
+        try:
+            files = (
+                sorted(p for p in path.iterdir() if p.suffix in RULE_FILE_SUFFIXES)
+                if path.is_dir()
+                else [path]
+            )
+        except OSError:
+            files = []
+        for file in files:
+            try:
+                st = file.stat()
+            except OSError:
+                continue
+            found.append((str(file), st.st_mtime, st.st_size))
+    return tuple(found)
+
+
+def _clip(error: str) -> str:
+    if len(error) <= MAX_RECORDED_ERROR:
+        return error
+    return (
+        error[:MAX_RECORDED_ERROR] + f"\n... ({len(error) - MAX_RECORDED_ERROR} more characters in the log)"
+    )
 
 
 class RulesHolder:
@@ -72,8 +95,13 @@ class RulesHolder:
         """Load the files again; True when the new set is in force, False when it was rejected."""
         # Validation (promtool included) runs outside the lock: a tick reading the rule set
         # meanwhile gets the current one instead of waiting.
-        self._fingerprint = _fingerprint(self.paths)
-        result = reload_ruleset(self.paths, self.ruleset)
+        self._fingerprint = _fingerprint(self.paths)  # a rejected set is retried on the next change
+        try:
+            result = reload_ruleset(self.paths, self.ruleset)
+        except Exception as exc:  # untrusted files: whatever they do, the old rules keep running
+            log.exception("rules reload failed (%s); the previous rule set keeps running", reason)
+            self._record(error=f"reload failed: {type(exc).__name__}: {exc}")
+            return False
         if result.ok:
             with self._lock:
                 self._ruleset = self._transform(result.ruleset)
@@ -112,6 +140,6 @@ class RulesHolder:
                     "rejected": [],
                 }
             else:
-                row.setdefault("rejected", []).append({"error": error, "at": now.isoformat()})
+                row.setdefault("rejected", []).append({"error": _clip(error), "at": now.isoformat()})
                 row["rejected"] = row["rejected"][-5:]
             repo.set_switch(session, repo.SWITCH_RULESET, row, now=now, by="healer")

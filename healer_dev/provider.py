@@ -8,7 +8,8 @@ a repeated ``Idempotency-Key``), and can misbehave on purpose:
   ``Retry-After`` header;
 - ``reject_status=400``: refuse every webhook with that status and a JSON error body;
 - ``ack_after`` / ``resolve_after`` (seconds): after accepting a new ticket, call healer back,
-  signed with the callback secret, at ``<callback_url>/api/v1/tickets/<id>/status`` (or
+  signed with the callback secret over method, path and body
+  (:func:`healer.tickets.signing.sign_callback`), at ``<callback_url>/api/v1/tickets/<id>/status`` (or
   ``callback_url`` with ``{ticket_id}`` filled in), taking the id from ``X-Healer-Ticket-Id``.
 
 ``GET /requests`` lists what it received (JSON), ``GET /healthz`` answers ``ok``.
@@ -36,6 +37,7 @@ import httpx
 
 from healer.clock import utc_now
 from healer.errors import SignatureError
+from healer.redaction import redact_url
 from healer.tickets import signing
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,9 @@ class Receiver:
         return self
 
     def stop(self) -> None:
-        for timer in self._timers:
+        with self._lock:
+            timers = list(self._timers)
+        for timer in timers:
             timer.cancel()
         if self._server is not None:
             self._server.shutdown()
@@ -197,9 +201,7 @@ class Receiver:
                     at=self.clock(), path=path, headers=headers, body=body, status=status, signature=signature
                 )
             )
-        log.info(
-            "webhook %s key=%s signature=%s -> %d", signing.redact_url(path), key or "-", signature, status
-        )
+        log.info("webhook %s key=%s signature=%s -> %d", redact_url(path), key or "-", signature, status)
         if new_ticket is not None:
             self._schedule_callbacks(*new_ticket)
         return status, extra, answer
@@ -207,13 +209,29 @@ class Receiver:
     def _schedule_callbacks(self, ticket_id: str, external_id: str) -> None:
         if not self.callback_url:
             return
-        for status, delay in (("acknowledged", self.ack_after), ("resolved", self.resolve_after)):
-            if delay is None:
-                continue
-            timer = threading.Timer(delay, self.send_callback, args=(ticket_id, status, external_id))
-            timer.daemon = True
+        planned = sorted(
+            (delay, status)
+            for status, delay in (("acknowledged", self.ack_after), ("resolved", self.resolve_after))
+            if delay is not None
+        )
+        if not planned:
+            return
+
+        def send_in_order(step: int = 0) -> None:
+            # One after the other, as a provider would: the resolve never overtakes the ack.
+            delay, status = planned[step]
+            self.send_callback(ticket_id, status, external_id)
+            if step + 1 < len(planned):
+                self._start_timer(max(0.0, planned[step + 1][0] - delay), send_in_order, step + 1)
+
+        self._start_timer(planned[0][0], send_in_order)
+
+    def _start_timer(self, delay: float, func: Callable[..., None], *args: Any) -> None:
+        timer = threading.Timer(delay, func, args=args)
+        timer.daemon = True
+        with self._lock:
             self._timers.append(timer)
-            timer.start()
+        timer.start()
 
     def callback_target(self, ticket_id: str) -> str:
         assert self.callback_url
@@ -234,7 +252,15 @@ class Receiver:
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"}
         if self.callback_secret is not None:
-            headers.update(signing.signature_headers(self.callback_secret, body=body, now=now))
+            headers.update(
+                signing.callback_headers(
+                    self.callback_secret,
+                    method="POST",
+                    path=signing.callback_path(ticket_id),
+                    body=body,
+                    now=now,
+                )
+            )
         url = self.callback_target(ticket_id)
         try:
             response = httpx.post(url, content=body, headers=headers, timeout=10.0)
@@ -245,7 +271,7 @@ class Receiver:
             "callback %s for ticket %s to %s -> %s",
             status,
             ticket_id,
-            signing.redact_url(url),
+            redact_url(url),
             result.http_status,
         )
         with self._lock:

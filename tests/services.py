@@ -12,8 +12,10 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from healer_dev.prometheus import (
@@ -31,6 +33,7 @@ __all__ = [
     "free_port",
     "postgres_server",
     "prometheus_server",
+    "text_exporter",
     "wait_until",
 ]
 
@@ -125,3 +128,35 @@ def postgres_server() -> Iterator[PostgresServer]:
             capture_output=True,
         )
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --- exporters --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def text_exporter(render: Callable[[], str]) -> Iterator[str]:
+    """Serve ``render()`` (a Prometheus text exposition, rendered per scrape) on any path of a
+    loopback port; yield its host:port for a :class:`ScrapeTarget`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

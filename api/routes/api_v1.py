@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from api import operator, queries
 from api.auth import CSRF_HEADER, Auth, Identity
-from api.deps import NowDep, RuleSetDep, SessionDep, SettingsDep, get_identity, require_operator
+from api.deps import NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, get_identity, require_operator
 from api.schemas import (
     ActionOut,
     ErrorBody,
@@ -237,7 +237,7 @@ def breaker_reset(request: Request, who: OperatorCsrf, now: NowDep) -> Operation
 
 @router.post("/tickets/{ticket_id}/close", response_model=OperationOut, summary="Close a ticket")
 def close_ticket(
-    ticket_id: int, request: Request, who: OperatorCsrf, now: NowDep, body: ReasonIn | None = None
+    ticket_id: RowId, request: Request, who: OperatorCsrf, now: NowDep, body: ReasonIn | None = None
 ) -> OperationOut:
     return operator.close_ticket(
         request.app.state.session_factory,

@@ -5,6 +5,8 @@ They need no authentication (probes and scrapers carry none) and reveal only cou
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -12,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from api import queries
-from api.schemas import ReadyOut
+from api.schemas import LastTick, ReadyOut
 from healer.metrics import HealerMetrics
 
 router = APIRouter(tags=["ops"])
@@ -21,14 +23,19 @@ router = APIRouter(tags=["ops"])
 STALE_TICKS = 3
 
 
+#: Seconds /readyz waits for the database before it answers 503.
+READY_DB_TIMEOUT_SECONDS = 2.0
+
+
 @router.get("/healthz", summary="Process is up")
-def healthz() -> dict[str, str]:
-    """Always 200 while the process serves requests (liveness)."""
+async def healthz() -> dict[str, str]:
+    """Always 200 while the process serves requests (liveness). Answered on the event loop, off
+    the request thread pool: slow pages cannot starve it into a liveness restart."""
     return {"status": "ok"}
 
 
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut}}, summary="Ready")
-def readyz(request: Request) -> Response:
+async def readyz(request: Request) -> Response:
     """200 when the database answers and a tick (by any replica) finished within three default
     intervals; 503 with the reasons otherwise.
 
@@ -40,13 +47,24 @@ def readyz(request: Request) -> Response:
     reasons: list[str] = []
     database = True
     tick = None
-    try:
+
+    def check() -> LastTick | None:
         with state.session_factory() as session:
             session.execute(text("SELECT 1"))
-            tick = queries.last_tick(session, now=now)
+            return queries.last_tick(session, now=now)
+
+    # Its own small thread pool, off the request pool, bounded in time.
+    loop = asyncio.get_running_loop()
+    try:
+        tick = await asyncio.wait_for(
+            loop.run_in_executor(state.probe_executor, check), timeout=READY_DB_TIMEOUT_SECONDS
+        )
     except SQLAlchemyError as exc:
         database = False
         reasons.append(f"database unreachable: {exc.__class__.__name__}")
+    except TimeoutError:
+        database = False
+        reasons.append(f"database did not answer within {READY_DB_TIMEOUT_SECONDS:g}s")
     limit = STALE_TICKS * state.settings.scheduler.default_interval_seconds
     if database and tick is None:
         reasons.append("no tick recorded yet")

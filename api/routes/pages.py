@@ -16,7 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from api import charts, operator, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
-from api.deps import IdentityDep, NowDep, RuleSetDep, SessionDep, SettingsDep, require_operator
+from api.deps import IdentityDep, NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, require_operator
 from api.errors import ApiError
 from api.rendering import render
 from healer.engine.states import ActionStatus, NodeState, TicketStatus
@@ -99,13 +99,19 @@ def node_page(
     start, end = charts.chart_window(
         incident.opened_at if incident else None, incident.closed_at if incident else None, now=now
     )
-    chart = charts.build_chart(
-        request.app.state.prometheus,
-        node=name,
-        node_labels=charts.node_labels_of(ruleset),
-        start=start,
-        end=end,
-    )
+    gate: charts.ChartGate = request.app.state.chart_gate
+    with gate.slot() as turn:
+        chart = (
+            charts.build_chart(
+                request.app.state.prometheus,
+                node=name,
+                node_labels=charts.node_labels_of(ruleset),
+                start=start,
+                end=end,
+            )
+            if turn
+            else charts.busy_chart(start=start, end=end)
+        )
     return render(
         request,
         "node.html",
@@ -225,9 +231,11 @@ def login(
 
 @router.post("/logout")
 def logout(request: Request, csrf_token: Annotated[str, Form(alias=CSRF_FIELD)] = "") -> Response:
-    """Forget the login cookie."""
+    """End the login session on the server (a copied cookie stops working) and forget the cookie."""
     auth: Auth = request.app.state.auth
     auth.check_csrf(request, csrf_token)
+    who = auth.read_login(request.cookies.get(SESSION_COOKIE))
+    auth.logout(request.cookies.get(SESSION_COOKIE), user=who.user if who else "anonymous")
     request.state.set_cookies.append(
         cookie_header(SESSION_COOKIE, "", max_age=0, secure=request.url.scheme == "https")
     )
@@ -457,7 +465,7 @@ def control_post(action: str, request: Request, form: FormDep, now: NowDep) -> R
 
 
 @router.get("/tickets/{ticket_id}/close")
-def close_confirm(ticket_id: int, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
+def close_confirm(ticket_id: RowId, request: Request, session: SessionDep, _op: OperatorPage) -> Response:
     ticket = queries.get_ticket(session, ticket_id)
     target = f"ticket {ticket.id} ({ticket.provider}, {ticket.status})"
     if ticket.status == TicketStatus.CLOSED:
@@ -468,7 +476,7 @@ def close_confirm(ticket_id: int, request: Request, session: SessionDep, _op: Op
 
 
 @router.post("/tickets/{ticket_id}/close")
-def close_post(ticket_id: int, request: Request, form: FormDep, now: NowDep) -> Response:
+def close_post(ticket_id: RowId, request: Request, form: FormDep, now: NowDep) -> Response:
     factory = request.app.state.session_factory
     return _run(
         request,

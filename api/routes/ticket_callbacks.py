@@ -1,11 +1,14 @@
 """Inbound provider status callbacks: ``POST /api/v1/tickets/{ticket_id}/status``.
 
-The provider signs the raw body the same way healer signs its webhooks
-(:mod:`healer.tickets.signing`: ``X-Healer-Timestamp`` and ``X-Healer-Signature: sha256=<hex>`` of
-``f"{timestamp}." + body`` under the callback secret, ``tickets.callback_secret_env``/``_file``).
-An unsigned, badly signed, stale (outside ``tickets.max_clock_skew_seconds``) or replayed request
-gets 401 and changes nothing; so does any callback while no callback secret is configured. The
-signature is the authentication: this route needs no dashboard identity and no CSRF token.
+The provider signs method, path and raw body (:func:`healer.tickets.signing.sign_callback`:
+``X-Healer-Timestamp`` and ``X-Healer-Signature: sha256=<hex>`` of
+``f"{timestamp}.POST./api/v1/tickets/{id}/status." + body``) under its callback secret: the
+provider's ``callback_secret_env``/``_file``, else the shared ``tickets.callback_secret_env``/
+``_file`` when that is configured. A signature is therefore good for one ticket only, and nonces
+are kept per ticket. An unsigned, badly signed, stale (outside ``tickets.max_clock_skew_seconds``)
+or replayed request gets 401 and changes nothing; so does any callback for a provider without a
+secret. The signature is the authentication: this route needs no dashboard identity and no CSRF
+token. Bodies are limited before they are read (413; :mod:`api.limits`).
 
 Body::
 
@@ -27,17 +30,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import AwareDatetime, BaseModel, Field, ValidationError
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from healer.config import Settings, TicketSettings
+from api.deps import RowId
+from healer.config import ProviderSettings, Settings, TicketSettings
 from healer.engine.states import TicketStatus
 from healer.errors import SignatureError, TicketError
+from healer.store.models import Ticket
 from healer.tickets import service, signing
 
 log = logging.getLogger(__name__)
@@ -69,29 +76,65 @@ def _unauthorized(ticket_id: int, why: str) -> HTTPException:
     return HTTPException(401, f"signature refused: {why}", headers={"WWW-Authenticate": "HMAC-SHA256"})
 
 
+def _secret(env: str | None, file: Path | None, what: str) -> bytes | None:
+    try:
+        return signing.load_secret(env=env, file=file, what=what)
+    except TicketError as exc:
+        log.error("%s", exc)
+        return None
+
+
+def callback_secrets(tickets: TicketSettings, provider: str | None) -> list[bytes]:
+    """The secrets a callback for a ticket of ``provider`` may be signed with: the provider's own
+    callback secret, else the shared ``tickets.callback_secret_*`` when one is configured. For an
+    unknown ticket (``provider`` None) every configured one, so a genuine provider still learns 404."""
+    shared = _secret(tickets.callback_secret_env, tickets.callback_secret_file, "ticket callbacks")
+
+    def own_or_shared(p: ProviderSettings | None) -> bytes | None:
+        if p is None or not (p.callback_secret_env or p.callback_secret_file):
+            return shared
+        return _secret(p.callback_secret_env, p.callback_secret_file, f"provider {p.name} callbacks")
+
+    if provider is not None:
+        secret = own_or_shared(next((p for p in tickets.providers if p.name == provider), None))
+        return [secret] if secret is not None else []
+    found: list[bytes] = []
+    for secret in [*(own_or_shared(p) for p in tickets.providers), shared]:
+        if secret is not None and secret not in found:
+            found.append(secret)
+    return found
+
+
 def _handle(
     *,
     ticket_id: int,
+    method: str,
     body: bytes,
     headers: Mapping[str, str],
     tickets: TicketSettings,
     factory: sessionmaker[Session],
     now: datetime,
 ) -> StatusResult:
-    try:
-        secret = signing.load_secret(
-            env=tickets.callback_secret_env, file=tickets.callback_secret_file, what="ticket callbacks"
-        )
-    except TicketError as exc:
-        log.error("%s", exc)
-        raise _unauthorized(ticket_id, "callback secret not available") from None
-    if secret is None:
-        raise _unauthorized(ticket_id, "no callback secret is configured")
+    with factory() as session:
+        provider = session.scalar(select(Ticket.provider).where(Ticket.id == ticket_id))
+    secrets = callback_secrets(tickets, provider)
+    if not secrets:
+        raise _unauthorized(ticket_id, "no callback secret is configured for this ticket's provider")
     skew = float(tickets.max_clock_skew_seconds)
     try:
-        nonce = signing.verify(secret, headers=headers, body=body, now=now, max_skew_seconds=skew)
+        nonce = signing.verify_callback(
+            secrets,
+            headers=headers,
+            method=method,
+            path=signing.callback_path(ticket_id),
+            body=body,
+            now=now,
+            max_skew_seconds=skew,
+        )
     except SignatureError as exc:
         raise _unauthorized(ticket_id, str(exc)) from None
+    if provider is None:
+        raise HTTPException(404, f"ticket {ticket_id} not found")
     try:
         report = StatusCallback.model_validate_json(body)
     except ValidationError as exc:
@@ -103,7 +146,7 @@ def _handle(
     at = min(report.at, now) if report.at else None
     try:
         with factory() as session, session.begin():
-            signing.remember_nonce(session, nonce=nonce, now=now, max_skew_seconds=skew)
+            signing.remember_nonce(session, nonce=nonce, now=now, max_skew_seconds=skew, ticket_id=ticket_id)
             change = service.apply_provider_status(
                 session,
                 ticket_id=ticket_id,
@@ -143,9 +186,9 @@ def _handle(
         }
     },
 )
-async def ticket_status_callback(ticket_id: int, request: Request) -> StatusResult:
+async def ticket_status_callback(ticket_id: RowId, request: Request) -> StatusResult:
     """Move a ticket forward from the provider's side (acknowledged, in progress, resolved, ...)."""
-    body = await request.body()
+    body = await request.body()  # bounded by the app's body limit (api.limits)
     state = request.app.state
     settings: Settings | TicketSettings = state.settings
     tickets = settings.tickets if isinstance(settings, Settings) else settings
@@ -153,6 +196,7 @@ async def ticket_status_callback(ticket_id: int, request: Request) -> StatusResu
     return await run_in_threadpool(
         _handle,
         ticket_id=ticket_id,
+        method=request.method,
         body=body,
         headers=request.headers,
         tickets=tickets,

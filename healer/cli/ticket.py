@@ -61,7 +61,7 @@ def list_command(
             f"{_when(r.created_at):<19}  {r.external_id or '-'}{flag}"
         )
         if r.last_error and r.status in ("pending", "failed"):
-            typer.echo(f"       last error: {r.last_error}")
+            typer.echo(f"       last error: {r.last_error}")  # redacted by list_tickets
         if r.reason:
             typer.echo(f"       reason: {r.reason}")
 
@@ -125,6 +125,7 @@ def deliver_command(ctx: typer.Context) -> None:
     import httpx
 
     from healer import wiring
+    from healer.redaction import redact_text
     from healer.tickets.delivery import deliver_due
 
     settings, factory = _factory(ctx)
@@ -135,7 +136,7 @@ def deliver_command(ctx: typer.Context) -> None:
         if o.status_code:
             line += f" (HTTP {o.status_code})"
         if o.error and o.result != "delivered":
-            line += f": {o.error}"
+            line += f": {redact_text(o.error)}"
         typer.echo(line)
     typer.echo(f"{report.delivered} delivered, {report.retrying} to retry, {report.failed} failed")
 

@@ -169,6 +169,7 @@ class Controller:
                     self.metrics.set_rule_health(
                         report.rule, str(report.health), evaluated_at_unix=now.timestamp()
                     )
+                    self.metrics.count_cleaned(report.rule, report.cleaned)
                 if not self.is_leader():
                     return
                 result = remediate(

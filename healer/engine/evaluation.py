@@ -18,6 +18,8 @@ returned. The semantics are Prometheus's alerting rules (prometheus/prometheus `
 - Rules of ``kind: no_data`` (exporter down, GPU gone) make the nodes of their pending or firing
   series *unknown*: not healthy, not a finding. A fault finding on an unknown node whose series
   vanished keeps its state: an exporter that stops reporting is not a recovery.
+- Label values are untrusted: NUL and invalid text are replaced and an overlong node name is
+  clipped (:mod:`healer.engine.labels`); such series still count and are reported per rule.
 - Series whose node cannot be named (none of the rule's ``node_labels`` is set) are counted and
   reported per rule with an example, never dropped silently.
 
@@ -36,6 +38,7 @@ from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 
+from healer.engine.labels import MAX_NODE_NAME, clean_labels, clean_node_name
 from healer.errors import QueryError, SourceError
 from healer.model.findings import Finding, TickFindings, UnresolvedSeries
 from healer.model.states import FindingState, RuleHealth
@@ -99,9 +102,10 @@ class RuleReport:
 
     ``health``: ok; no_data (a ``no_data`` rule reports nodes without data); error (the rule is
     broken: bad PromQL, duplicate label sets) with ``error``; unavailable (source failed or the
-    tick deadline passed) with ``error``. ``series`` counts the samples returned; ``pending`` and
-    ``firing`` the rule's episodes after the tick; ``duration_seconds`` is the caller's measure of
-    the query (wall clock, seconds).
+    tick deadline passed) with ``error``. ``cleaned`` counts the series whose label values had
+    to be cleaned (:mod:`healer.engine.labels`) and are evaluated anyway. ``series`` counts the
+    samples returned; ``pending`` and ``firing`` the rule's episodes after the tick;
+    ``duration_seconds`` is the caller's measure of the query (wall clock, seconds).
     """
 
     rule: str
@@ -116,6 +120,7 @@ class RuleReport:
     firing: int = 0
     warnings: list[str] = field(default_factory=list)
     unresolved: UnresolvedSeries | None = None
+    cleaned: int = 0
 
     @property
     def frozen(self) -> bool:
@@ -146,7 +151,12 @@ def series_key(rule: str, labels: Mapping[str, str]) -> str:
 
 
 def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    # NUL and lone surrogates cannot be stored; \uNNNN keeps the key one-to-one.
+    return _UNSTORABLE_IN_KEY.sub(lambda m: f"\\u{ord(m.group()):04x}", escaped)
+
+
+_UNSTORABLE_IN_KEY = re.compile("[\x00\ud800-\udfff]")
 
 
 def node_of(labels: Mapping[str, str], node_labels: Iterable[str]) -> str | None:
@@ -292,13 +302,18 @@ def _step_rule(
 
     current: dict[str, tuple[dict[str, str], float, str]] = {}
     no_node: list[dict[str, str]] = []
+    cleaned: list[dict[str, str]] = []
     for sample in outcome.samples:
-        labels = {k: v for k, v in sample.labels.items() if k != "__name__"}
-        node = node_of(labels, rule.node_labels)
-        if node is None:
+        raw = {k: v for k, v in sample.labels.items() if k != "__name__"}
+        labels, changed = clean_labels(raw)
+        raw_node = node_of(labels, rule.node_labels)
+        if raw_node is None:
             no_node.append(labels)
             continue
-        key = series_key(rule.name, labels)
+        node = clean_node_name(raw_node)
+        if changed or node != raw_node:
+            cleaned.append(labels)
+        key = series_key(rule.name, raw)  # the raw labels: cleaning must not merge two series
         if key in current:
             return frozen_report(
                 RuleHealth.ERROR,
@@ -377,6 +392,9 @@ def _step_rule(
     pending = sum(f.state == FindingState.PENDING for f in rule_states)
     firing = sum(f.state == FindingState.FIRING for f in rule_states)
     health = RuleHealth.NO_DATA if rule.kind == "no_data" and rule_states else RuleHealth.OK
+    warnings = list(outcome.warnings)
+    if cleaned:
+        warnings.append(_cleaned_warning(cleaned))
     return RuleReport(
         **base,  # type: ignore[arg-type]
         health=health,
@@ -384,8 +402,17 @@ def _step_rule(
         series=len(outcome.samples),
         pending=pending,
         firing=firing,
-        warnings=list(outcome.warnings),
+        warnings=warnings,
         unresolved=unresolved,
+        cleaned=len(cleaned),
+    )
+
+
+def _cleaned_warning(cleaned: list[dict[str, str]]) -> str:
+    example = ", ".join(f"{k}={v[:80]!r}" for k, v in sorted(cleaned[0].items()))
+    return (
+        f"{len(cleaned)} series cleaned (NUL or invalid text replaced, node name over "
+        f"{MAX_NODE_NAME} characters clipped); still evaluated; e.g. {{{example}}}"
     )
 
 

@@ -9,7 +9,9 @@ Entry points::
 
 A problem names the file, the 1-based line and column, and the field path, e.g.
 ``rules/gpu.yaml:14:9: groups[0].rules[2].for: not a Prometheus duration: '5 minutes'``.
-Checks, all reported at once: YAML syntax, the schema (unknown keys, bad durations, unknown
+Checks, all reported at once: size (:data:`MAX_RULE_FILE_BYTES`), nesting and alias expansion
+(:data:`MAX_YAML_DEPTH`, :data:`MAX_YAML_NODES`, checked on the YAML events before anything is
+built), YAML syntax, the schema (unknown keys, bad durations, unknown
 actions, empty expressions, wrong types, missing keys, empty node label chains), rule and group
 names duplicated anywhere in the set, and the PromQL and templates as Prometheus itself parses them
 (``promtool check rules``; without promtool a warning says PromQL was not checked).
@@ -35,6 +37,14 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+)
 from ruamel.yaml.scalarstring import (
     DoubleQuotedScalarString,
     LiteralScalarString,
@@ -60,6 +70,13 @@ log = logging.getLogger(__name__)
 
 #: File name endings loaded from a directory (not recursive; hidden files are skipped).
 RULE_FILE_SUFFIXES = (".yaml", ".yml")
+
+#: Largest rule file read, bytes (the default pack's files are about 6 KB each; parsing is ~8 s/MB).
+MAX_RULE_FILE_BYTES = 512 * 1024
+#: Deepest YAML nesting accepted (a rule file needs about 10 levels).
+MAX_YAML_DEPTH = 32
+#: Most YAML values (scalars and collections) a file may hold once aliases are expanded.
+MAX_YAML_NODES = 100_000
 
 #: Seconds promtool may take to check the whole set before the check is skipped with a warning.
 PROMTOOL_TIMEOUT_SECONDS = 60.0
@@ -294,13 +311,29 @@ def _expand(paths: Sequence[Path | str], problems: list[RuleProblem]) -> Iterato
 
 def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        problems.append(RuleProblem(path, None, None, "", f"cannot read: {exc}"))
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_RULE_FILE_BYTES + 1)
+    except OSError as exc:
+        problems.append(RuleProblem(path, None, None, "", f"cannot read: {exc.strerror or exc}"))
+        return None
+    if len(data) > MAX_RULE_FILE_BYTES:
+        problems.append(
+            RuleProblem(path, None, None, "", f"file larger than {MAX_RULE_FILE_BYTES} bytes: not loaded")
+        )
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        problems.append(RuleProblem(path, None, None, "", f"not UTF-8 text (byte {exc.start})"))
         return None
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True  # to know where a quoted expr's text starts
     try:
+        shape = _shape_problem(yaml, text)
+        if shape is not None:
+            line, column, message = shape
+            problems.append(RuleProblem(path, line, column, "", message))
+            return None
         tree = yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -318,6 +351,15 @@ def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
     except YAMLError as exc:
         problems.append(RuleProblem(path, None, None, "", f"YAML syntax error: {exc}"))
         return None
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        # ruamel's constructors raise plain errors for explicit tags on bad values (`!!int abc`).
+        tag_line = _line_of_tag(text)
+        problems.append(
+            RuleProblem(
+                path, tag_line, 1 if tag_line else None, "", f"YAML value error: {type(exc).__name__}: {exc}"
+            )
+        )
+        return None
     if tree is None:
         problems.append(RuleProblem(path, None, None, "", "empty file: expected a mapping with 'groups'"))
         return None
@@ -333,6 +375,50 @@ def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
         for err in exc.errors():
             problems.append(_problem_from_pydantic(path, tree, err))
     return parsed
+
+
+def _shape_problem(yaml: YAML, text: str) -> tuple[int, int, str] | None:
+    """Scan the YAML events before building anything: nesting deeper than :data:`MAX_YAML_DEPTH`
+    or more than :data:`MAX_YAML_NODES` nodes once aliases are expanded (an alias "bomb" is a few
+    lines that expand to billions of nodes) is a problem at the offending event's line:column."""
+    frames: list[list[Any]] = []  # [anchor, expanded nodes so far] per open collection
+    sizes: dict[str, int] = {}
+    total = 0
+    for event in yaml.parse(text):
+        added = 0
+        if isinstance(event, MappingStartEvent | SequenceStartEvent):
+            if len(frames) >= MAX_YAML_DEPTH:
+                return _mark(event, f"nested deeper than {MAX_YAML_DEPTH} levels: not loaded")
+            frames.append([event.anchor, 1])
+            total += 1
+        elif isinstance(event, MappingEndEvent | SequenceEndEvent):
+            anchor, size = frames.pop()
+            if anchor:
+                sizes[anchor] = size
+            added = size
+        elif isinstance(event, ScalarEvent):
+            if event.anchor:
+                sizes[event.anchor] = 1
+            added = 1
+            total += 1
+        elif isinstance(event, AliasEvent):
+            added = sizes.get(event.anchor, 1)
+            total += added
+        if added and frames:
+            frames[-1][1] += added
+        if total > MAX_YAML_NODES:
+            return _mark(event, f"more than {MAX_YAML_NODES} values once aliases are expanded: not loaded")
+    return None
+
+
+def _line_of_tag(text: str) -> int | None:
+    """The first line with an explicit ``!!`` tag (where a constructor error most likely is)."""
+    return next((n for n, line in enumerate(text.splitlines(), 1) if "!!" in line), None)
+
+
+def _mark(event: Any, message: str) -> tuple[int, int, str]:
+    mark = event.start_mark
+    return (mark.line + 1, mark.column + 1, message) if mark else (1, 1, message)
 
 
 def _plain(node: Any) -> Any:
@@ -391,7 +477,8 @@ def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int
             parts.append(str(item))  # a key, even when YAML made it a number
             node = node[item]
         elif isinstance(node, CommentedSeq) and isinstance(item, int) and 0 <= item < len(node):
-            line, col = node.lc.item(item)
+            # A tagged sequence (``!!python/...``) may carry no item positions: keep the parent's.
+            line, col = node.lc.item(item) or (line, col)
             parts.append(item)
             node = node[item]
         elif isinstance(node, CommentedMap) and item in ACTION_KINDS and i + 1 < len(items):

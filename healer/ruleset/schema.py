@@ -26,7 +26,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from healer.model.drain import DrainOptions
 from healer.ruleset.durations import parse_duration
@@ -88,12 +96,40 @@ class DrainAction(_Strict):
         )
 
 
+#: A ticket template is named, never a path: a built-in (``generic.json.j2``) or a file directly in
+#: the directory ``tickets.templates_dir`` names. A path would let a rule send any file the
+#: controller can read to the provider.
+TEMPLATE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def template_name_problem(value: str) -> str | None:
+    """Why ``value`` is not a template name (None when it is one)."""
+    if TEMPLATE_NAME.fullmatch(value) and ".." not in value:
+        return None
+    return (
+        f"template must be a name such as generic.json.j2 (a built-in or a file in tickets.templates_dir), "
+        f"not a path: {value[:200]!r}"
+    )
+
+
+def _template_name(value: str | None) -> str | None:
+    if value is not None and (problem := template_name_problem(value)):
+        raise ValueError(problem)
+    return value
+
+
+#: A template reference checked by :func:`template_name_problem` (None: the provider's own).
+TemplateName = Annotated[str | None, AfterValidator(_template_name)]
+#: The same, where a template is always named (a provider's default template).
+RequiredTemplateName = Annotated[str, AfterValidator(_template_name)]
+
+
 class TicketAction(_Strict):
     """Ask the provider to replace the part (webhook through the outbox)."""
 
     kind: Literal["ticket"] = "ticket"
     provider: str = Field("default", min_length=1)
-    template: str | None = None
+    template: TemplateName = None
 
 
 class NotifyAction(_Strict):

@@ -27,7 +27,6 @@ import json
 import time
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import requests
 import urllib3
@@ -37,6 +36,7 @@ from urllib3.util.retry import Retry
 from healer.config import PrometheusSettings
 from healer.engine.evaluation import QueryResult, Sample
 from healer.errors import QueryError, SourceUnavailable
+from healer.redaction import redact_text, redact_url
 from healer.sources.base import Deadline
 
 __all__ = ["PrometheusSource", "QueryResult", "Sample"]
@@ -86,7 +86,7 @@ class PrometheusSource:
         )
         self._session: requests.Session = self._prom._session
         self._endpoint = f"{self.url}/api/v1/query"
-        self._where = _redact(self.url)
+        self._where = redact_url(self.url)
 
     @classmethod
     def from_settings(cls, settings: PrometheusSettings) -> PrometheusSource:
@@ -157,7 +157,7 @@ class PrometheusSource:
                     f"{self._where}: query timed out after {budget:.3g}s: {_short(expr)}"
                 ) from exc
             raise SourceUnavailable(
-                f"{self._where}: {type(reason).__name__}: {_redact_text(str(reason), self.url)}"
+                f"{self._where}: {type(reason).__name__}: {redact_text(str(reason), urls=[self.url])}"
             ) from exc
         if body is None:
             raise SourceUnavailable(
@@ -237,21 +237,3 @@ def _short(expr: str, limit: int = 80) -> str:
 
 def _excerpt(body: bytes) -> str:
     return body[:_EXCERPT].decode("utf-8", "replace")
-
-
-def _redact(url: str) -> str:
-    """The URL without user:password."""
-    parts = urlsplit(url)
-    if parts.username or parts.password:
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        parts = parts._replace(netloc=f"***@{host}")
-    return urlunsplit(parts)
-
-
-def _redact_text(text: str, url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        text = text.replace(parts.password, "***")
-    return text

@@ -21,6 +21,7 @@ import certifi
 import httpx
 
 from healer.errors import QueryError, SourceUnavailable
+from healer.redaction import redact_text, redact_url
 
 #: Points per chart: enough for a smooth line at dashboard width, few enough to stay light.
 DEFAULT_POINTS = 240
@@ -106,21 +107,25 @@ class PrometheusRange:
             ) as client:
                 response = client.get(f"{self._url}/api/v1/query_range", params=params)
         except httpx.HTTPError as exc:
-            raise SourceUnavailable(f"Prometheus {self._url}: {exc.__class__.__name__}: {exc}") from exc
+            raise SourceUnavailable(self._redacted(f"{exc.__class__.__name__}: {exc}")) from exc
         try:
             body = response.json()
         except ValueError as exc:
             raise SourceUnavailable(
-                f"Prometheus {self._url}: HTTP {response.status_code}, not JSON: {response.text[:200]!r}"
+                self._redacted(f"HTTP {response.status_code}, not JSON: {response.text[:200]!r}")
             ) from exc
         if not isinstance(body, dict) or body.get("status") != "success":
             error_type = body.get("errorType") if isinstance(body, dict) else None
             error = body.get("error") if isinstance(body, dict) else None
-            message = f"Prometheus {self._url}: HTTP {response.status_code}: {error_type}: {error} ({expr})"
+            message = self._redacted(f"HTTP {response.status_code}: {error_type}: {error} ({expr})")
             if error_type == "bad_data":
                 raise QueryError(message)
             raise SourceUnavailable(message)
         return _parse_matrix(body.get("data", {}))
+
+    def _redacted(self, what: str) -> str:
+        """``Prometheus <url>: what`` with the URL's credentials gone, wherever they appear."""
+        return redact_text(f"Prometheus {redact_url(self._url)}: {what}", urls=[self._url])
 
 
 def _parse_matrix(data: object) -> list[RangeSeries]:

@@ -7,6 +7,9 @@ and its value/last-seen refreshed at most once per tick while it is active; one 
 GPU UUID seen in a finding's labels. :func:`load_state` rebuilds the evaluation state from the
 open episodes so a restarted controller resumes its ``for`` timers.
 
+Label values arrive cleaned by the engine (:mod:`healer.engine.labels`); text bound for a
+bounded column is clipped here, and a GPU index that is not a small decimal number records no GPU.
+
 Values: NaN is stored as NULL (SQLite cannot store NaN; PostgreSQL could, but both backends
 must read back the same); ±Inf are stored as is.
 """
@@ -22,6 +25,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from healer.engine.evaluation import ChangeKind, EvaluationState, FindingChange, RuleReport
+from healer.engine.labels import clip, gpu_index
 from healer.model.findings import Finding as FindingShape
 from healer.model.states import FindingState
 from healer.store.models import Finding, Gpu, Node, RuleEvaluation
@@ -190,17 +194,12 @@ def _refresh(f: FindingShape) -> dict[str, Any]:
     return {"value": _value(f.value), "summary": f.summary, "last_seen_at": f.last_true_at}
 
 
-def _clip(value: str | None, length: int) -> str | None:
-    """Label values come from exporters (any length); columns have limits PostgreSQL enforces."""
-    return value if value is None or len(value) <= length else value[: length - 1] + "…"
-
-
 def _row(f: FindingShape, now: datetime) -> dict[str, Any]:
     return {
         "rule": f.rule,
         "series_key": f.series_key,
-        "node_name": _clip(f.node, 253),
-        "gpu": _clip(f.gpu, 64),
+        "node_name": clip(f.node, 253),
+        "gpu": clip(f.gpu, 64),
         "state": str(f.state),
         "severity": f.severity,
         "value": _value(f.value),
@@ -231,14 +230,14 @@ def _record_gpus(
     seen: dict[str, dict[str, Any]] = {}
     for f in findings:
         uuid = f.labels.get(GPU_UUID)
-        index = f.labels.get(GPU_INDEX, "")
-        if not uuid or len(uuid) > 64 or not index.isdigit() or f.node not in nodes:
-            continue  # not a GPU UUID (they are GPU-<36 hex and dashes>)
+        index = gpu_index(f.labels.get(GPU_INDEX))
+        if not uuid or len(uuid) > 64 or index is None or f.node not in nodes:
+            continue  # not a GPU UUID (they are GPU-<36 hex and dashes>) or not a GPU index
         seen[uuid] = {
             "node_id": nodes[f.node].id,
-            "index": int(index),
-            "pci_bus_id": _clip(f.labels.get(GPU_PCI_BUS_ID) or None, 32),
-            "model_name": _clip(f.labels.get(GPU_MODEL) or None, 128),
+            "index": index,
+            "pci_bus_id": clip(f.labels.get(GPU_PCI_BUS_ID) or None, 32),
+            "model_name": clip(f.labels.get(GPU_MODEL) or None, 128),
             "last_seen": now,
         }
     if not seen:

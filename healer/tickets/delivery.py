@@ -50,6 +50,7 @@ from healer import __version__
 from healer.config import ProviderSettings, Settings, TicketSettings
 from healer.engine.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.errors import TicketError
+from healer.redaction import install_log_redaction, redact_text, redact_url
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
 from healer.tickets import payloads, signing
@@ -288,7 +289,7 @@ def _prepare(
         escalation=escalation,
     )
     try:
-        text = render(template, context)
+        text = render(template, context, templates_dir=tickets.templates_dir)
     except TicketError as exc:
         return failure(str(exc))
     message.body = text
@@ -352,7 +353,7 @@ def _send(client: httpx.Client, request: _Request) -> tuple[int | None, httpx.Re
         )
     except httpx.HTTPError as exc:
         text = f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
-        return None, None, signing.scrub(text, urls=[request.url], secrets=request.secrets)
+        return None, None, redact_text(text, urls=[request.url], secrets=request.secrets)
     return response.status_code, response, None
 
 
@@ -380,7 +381,7 @@ def _record(
         ours = message.attempts == request.attempts and message.status == OutboxStatus.PENDING
         node = session.get(Node, ticket.node_id)
         incident = session.get(Incident, ticket.incident_id)
-        where = f"{request.provider} ({signing.redact_url(url)})" if url else request.provider
+        where = f"{request.provider} ({redact_url(url)})" if url else request.provider
 
         if status is not None and 200 <= status < 300 and response is not None:
             external_id = external_id_from(response)
@@ -422,7 +423,7 @@ def _record(
         elif status is None:
             retry, text = True, f"{where}: {error}"
         else:
-            body = signing.scrub(response.text if response is not None else "", urls=[url], secrets=secrets)
+            body = redact_text(response.text if response is not None else "", urls=[url], secrets=secrets)
             retry = _retryable(status)
             text = f"HTTP {status} from {where}: {body.strip()}"
         text = _truncate(text)
@@ -508,7 +509,7 @@ def deliver_due(
     Returns:
         what happened to each message. Never raises for a provider's failure; those are recorded.
     """
-    signing.install_log_redaction()
+    install_log_redaction()
     tickets = _ticket_settings(settings)
     backoff = {
         "base_seconds": backoff_base_seconds,

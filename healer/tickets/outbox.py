@@ -118,9 +118,9 @@ def request_ticket(
       the same node) are added to it while it is still waiting for delivery, so the provider gets
       one ticket listing all of them; once sent, nothing is resent (the dashboard shows the rest).
 
-    ``template`` is the rule's template override (a built-in name such as ``slack.json.j2`` or a
-    path); ``None`` uses the provider's. Whether the ticket escalates (a repeat offender) is
-    decided at delivery, against the settings' ``repeat_window_days``.
+    ``template`` is the rule's template override (a name: a built-in such as ``slack.json.j2`` or a
+    file in ``tickets.templates_dir``); ``None`` uses the provider's. Whether the ticket escalates
+    (a repeat offender) is decided at delivery, against the settings' ``repeat_window_days``.
     """
     records = [finding_record(f) for f in findings]
     ticket = get_ticket(session, incident_id=incident.id, provider=provider)

@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from healer.engine.labels import gpu_index
 from healer.store.models import Finding as FindingRow
 from healer.store.models import Gpu, Incident, Node, Ticket
 from healer.tickets.templates import PAYLOAD_VERSION
@@ -78,7 +79,7 @@ def implicated_gpus(session: Session, node: Node, findings: list[dict[str, Any]]
         labels = f.get("labels") or {}
         entry: dict[str, Any] = {
             "uuid": row.uuid if row else uuid,
-            "index": row.index if row else (int(index) if index and index.isdigit() else index),
+            "index": row.index if row else (gpu_index(index) if gpu_index(index) is not None else index),
             "pci_bus_id": (row.pci_bus_id if row else None) or labels.get("pci_bus_id"),
             "model": (row.model_name if row else None) or labels.get("modelName"),
             "rules": [],

@@ -1,33 +1,36 @@
-"""HMAC-SHA256 signatures on webhooks (outbound and inbound), secrets, and URL redaction.
+"""HMAC-SHA256 signatures on webhooks (outbound and inbound) and secrets.
 
-Wire format (the same both ways)::
+Wire format::
 
     X-Healer-Timestamp: 1732886400                 unix seconds, integer, when the request was signed
-    X-Healer-Signature: sha256=<64 hex digits>     HMAC-SHA256(secret, f"{timestamp}." + raw body)
+    X-Healer-Signature: sha256=<64 hex digits>
     Idempotency-Key:    healer-<cluster>-incident-<id>-<provider>   (outbound only)
+
+Outbound webhooks (healer → provider) sign ``f"{timestamp}." + raw body`` with the provider's
+secret (:func:`sign`). Inbound status callbacks (provider → healer) sign
+``f"{timestamp}.POST./api/v1/tickets/{id}/status." + raw body`` with the provider's callback secret
+(:func:`sign_callback`): method and path bind the signature to one ticket.
 
 A receiver recomputes the HMAC over the exact bytes it received, compares in constant time
 (:func:`hmac.compare_digest`), refuses timestamps further than the allowed clock skew from its own
-clock, and remembers accepted signatures for the skew window so a captured request cannot be
-replayed (healer keeps them in ``callback_nonces``).
+clock, and remembers accepted signatures per ticket for the skew window so a captured request
+cannot be replayed (healer keeps them in ``callback_nonces``).
 
 Secrets come from an environment variable or a file (a Kubernetes Secret mount), never from rule
 files, and never appear in logs, errors or API responses: every URL that reaches a message goes
-through :func:`redact_url`, and free text from the outside (transport errors, response bodies)
-through :func:`scrub`.
+through :func:`healer.redaction.redact_url`, and free text from the outside (transport errors,
+response bodies) through :func:`healer.redaction.redact_text`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import os
 import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -40,7 +43,6 @@ SIGNATURE_HEADER = "X-Healer-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 TICKET_ID_HEADER = "X-Healer-Ticket-Id"
 SIGNATURE_PREFIX = "sha256="
-REDACTED = "REDACTED"
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -86,6 +88,31 @@ def signature_headers(secret: bytes | None, *, body: bytes, now: datetime) -> di
     return headers
 
 
+def _signed_parts(headers: Mapping[str, str], *, now: datetime, max_skew_seconds: float) -> tuple[int, str]:
+    """The timestamp and the hex digest a request carries, checked for shape and clock skew."""
+    raw_ts = headers.get(TIMESTAMP_HEADER)
+    raw_sig = headers.get(SIGNATURE_HEADER)
+    if not raw_ts or not raw_sig:
+        raise SignatureError(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
+    raw_ts = raw_ts.strip()
+    if not raw_ts.isascii() or not raw_ts.isdigit() or len(raw_ts) > 12:
+        raise SignatureError(f"{TIMESTAMP_HEADER} is not unix seconds")
+    timestamp = int(raw_ts)
+    if abs(now.timestamp() - timestamp) > max_skew_seconds:
+        raise SignatureError(f"timestamp outside the allowed clock skew of {max_skew_seconds:g}s")
+    given = raw_sig.strip()
+    digest = given.removeprefix(SIGNATURE_PREFIX).lower()
+    if not given.startswith(SIGNATURE_PREFIX) or not _HEX64.match(digest):
+        raise SignatureError(f"{SIGNATURE_HEADER} must be sha256=<64 hex digits>")
+    return timestamp, digest
+
+
+def _check(expected: str, digest: str) -> str:
+    if not hmac.compare_digest(expected.removeprefix(SIGNATURE_PREFIX).encode(), digest.encode()):
+        raise SignatureError("signature does not match")
+    return digest
+
+
 def verify(
     secret: bytes,
     *,
@@ -94,36 +121,77 @@ def verify(
     now: datetime,
     max_skew_seconds: float,
 ) -> str:
-    """Check a request's signature and timestamp; return the signature's hex digest (the nonce).
+    """Check an outbound webhook's signature (:func:`sign`) and timestamp; return the hex digest.
 
     ``headers`` must look names up case-insensitively (Starlette's and httpx's do).
 
     Raises:
         SignatureError: header missing or malformed, timestamp further than ``max_skew_seconds`` from
-            ``now``, or signature mismatch. Replays are checked by :func:`remember_nonce`.
+            ``now``, or signature mismatch.
     """
-    raw_ts = headers.get(TIMESTAMP_HEADER)
-    raw_sig = headers.get(SIGNATURE_HEADER)
-    if not raw_ts or not raw_sig:
-        raise SignatureError(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
-    try:
-        timestamp = int(raw_ts.strip())
-    except ValueError:
-        raise SignatureError(f"{TIMESTAMP_HEADER} is not unix seconds") from None
-    if abs(now.timestamp() - timestamp) > max_skew_seconds:
-        raise SignatureError(f"timestamp outside the allowed clock skew of {max_skew_seconds:g}s")
-    given = raw_sig.strip()
-    digest = given.removeprefix(SIGNATURE_PREFIX).lower()
-    if not given.startswith(SIGNATURE_PREFIX) or not _HEX64.match(digest):
-        raise SignatureError(f"{SIGNATURE_HEADER} must be sha256=<64 hex digits>")
-    expected = sign(secret, timestamp=timestamp, body=body).removeprefix(SIGNATURE_PREFIX)
-    if not hmac.compare_digest(expected.encode(), digest.encode()):
-        raise SignatureError("signature does not match")
-    return digest
+    timestamp, digest = _signed_parts(headers, now=now, max_skew_seconds=max_skew_seconds)
+    return _check(sign(secret, timestamp=timestamp, body=body), digest)
 
 
-def remember_nonce(session: Session, *, nonce: str, now: datetime, max_skew_seconds: float) -> None:
+# --- inbound callbacks --------------------------------------------------------------------------
+
+
+def callback_path(ticket_id: int | str) -> str:
+    """The path a status callback for ``ticket_id`` is signed over: ``/api/v1/tickets/<id>/status``
+    (what healer routes, whatever prefix a proxy in front adds or strips)."""
+    return f"/api/v1/tickets/{ticket_id}/status"
+
+
+def sign_callback(secret: bytes, *, timestamp: int, method: str, path: str, body: bytes) -> str:
+    """``sha256=<hex>``: HMAC-SHA256 of ``b"<timestamp>.<METHOD>.<path>." + body`` under ``secret``.
+
+    Signing the method and path binds a callback to one ticket: the same signed body is worthless
+    at another ticket's URL.
+    """
+    message = f"{timestamp}.{method.upper()}.{path}.".encode() + body
+    return SIGNATURE_PREFIX + hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def callback_headers(secret: bytes, *, method: str, path: str, body: bytes, now: datetime) -> dict[str, str]:
+    """The timestamp and signature headers of a status callback (what a provider sends)."""
+    timestamp = int(now.timestamp())
+    return {
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign_callback(secret, timestamp=timestamp, method=method, path=path, body=body),
+    }
+
+
+def verify_callback(
+    secrets: Iterable[bytes],
+    *,
+    headers: Mapping[str, str],
+    method: str,
+    path: str,
+    body: bytes,
+    now: datetime,
+    max_skew_seconds: float,
+) -> str:
+    """Check a status callback signed with :func:`sign_callback` under any of ``secrets``; return
+    the hex digest (the nonce).
+
+    Raises:
+        SignatureError: header missing or malformed, stale timestamp, or no secret matches.
+    """
+    timestamp, digest = _signed_parts(headers, now=now, max_skew_seconds=max_skew_seconds)
+    for secret in secrets:
+        expected = sign_callback(secret, timestamp=timestamp, method=method, path=path, body=body)
+        if hmac.compare_digest(expected.removeprefix(SIGNATURE_PREFIX).encode(), digest.encode()):
+            return digest
+    raise SignatureError("signature does not match")
+
+
+def remember_nonce(
+    session: Session, *, nonce: str, now: datetime, max_skew_seconds: float, ticket_id: int | None = None
+) -> None:
     """Record an accepted signature; refuse one seen before. Prunes nonces past the replay window.
+
+    With ``ticket_id`` the nonce is kept per ticket (``<id>:<digest>``): only a repeat for the same
+    ticket is a replay.
 
     A signed request is only valid while its timestamp is within ``max_skew_seconds`` of the clock,
     so a nonce older than twice that can never match again and is deleted.
@@ -134,104 +202,10 @@ def remember_nonce(session: Session, *, nonce: str, now: datetime, max_skew_seco
     session.execute(
         delete(CallbackNonce).where(CallbackNonce.received_at < now - timedelta(seconds=2 * max_skew_seconds))
     )
+    if ticket_id is not None:
+        nonce = f"{ticket_id}:{nonce}"
     if session.scalar(select(CallbackNonce.id).where(CallbackNonce.signature == nonce)) is not None:
         raise SignatureError("signature already used (replay)")
     session.add(CallbackNonce(signature=nonce, received_at=now))
     # A concurrent duplicate fails here on the unique constraint; the caller turns it into a 401.
     session.flush()
-
-
-# --- redaction ---------------------------------------------------------------------------------
-
-#: Path segments after these are credentials in well-known webhook URLs (Slack, Discord, Teams,
-#: Google Chat, Mattermost).
-_SECRET_PATH_AFTER = ("services", "webhooks", "webhookb2", "IncomingWebhook", "hooks")
-_TOKENISH = re.compile(r"^[A-Za-z0-9_\-.~=+]{16,}$")
-
-
-def _looks_secret(segment: str) -> bool:
-    if not _TOKENISH.match(segment):
-        return False
-    has_digit = any(c.isdigit() for c in segment)
-    has_alpha = any(c.isalpha() for c in segment)
-    return (has_digit and has_alpha) or len(segment) >= 32
-
-
-def redact_url(url: str) -> str:
-    """``url`` fit for logs, errors and the dashboard.
-
-    Drops user info (``user:pass@``), replaces every query value with ``REDACTED``, and replaces
-    path segments that carry credentials: everything after ``/services/`` or ``/webhooks/``
-    (Slack, Discord, Teams) and any segment of 16+ token characters mixing letters and digits.
-    Scheme, host, port and the plain parts of the path stay so a human can tell endpoints apart.
-    """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port else host
-    if parts.username or parts.password:
-        netloc = f"{REDACTED}@{netloc}"
-    segments = parts.path.split("/")
-    redacted: list[str] = []
-    after_marker = False
-    for segment in segments:
-        if after_marker and segment:
-            redacted.append(REDACTED)
-            continue
-        redacted.append(REDACTED if _looks_secret(segment) else segment)
-        if segment in _SECRET_PATH_AFTER:
-            after_marker = True
-    query = urlencode([(k, REDACTED) for k, _ in parse_qsl(parts.query, keep_blank_values=True)])
-    return urlunsplit((parts.scheme, netloc, "/".join(redacted), query, ""))
-
-
-def scrub(text: str, *, urls: Iterable[str] = (), secrets: Iterable[bytes | str | None] = ()) -> str:
-    """``text`` with each of ``urls`` replaced by its redacted form and each secret by ``REDACTED``.
-
-    For text that comes from outside (transport errors, response bodies) before it is logged or
-    stored: a provider may echo a request back.
-    """
-    for url in urls:
-        if url:
-            text = text.replace(url, redact_url(url))
-    for secret in secrets:
-        if not secret:
-            continue
-        value = secret.decode(errors="replace") if isinstance(secret, bytes) else secret
-        if len(value) >= 4:
-            text = text.replace(value, REDACTED)
-    return text
-
-
-class RedactUrlsFilter(logging.Filter):
-    """A logging filter that redacts URLs in a record's arguments (see :func:`redact_url`).
-
-    httpx logs every request's full URL at INFO (``HTTP Request: POST https://...``); a Slack or
-    Teams webhook URL is a credential. :func:`install_log_redaction` puts this filter on httpx's
-    logger.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and record.args:
-            record.args = tuple(redact_url(str(arg)) if _is_url(arg) else arg for arg in record.args)
-        return True
-
-
-def _is_url(value: object) -> bool:
-    text = str(value) if value.__class__.__name__ == "URL" or isinstance(value, str) else ""
-    return text.startswith(("http://", "https://"))
-
-
-def install_log_redaction() -> None:
-    """Redact URLs in httpx's request log lines (idempotent; call before sending webhooks)."""
-    logger = logging.getLogger("httpx")
-    if not any(isinstance(f, RedactUrlsFilter) for f in logger.filters):
-        logger.addFilter(RedactUrlsFilter())

@@ -1,7 +1,8 @@
 """Payload templates: Jinja2 (sandboxed) rendering JSON bodies for providers.
 
-A template is a built-in name (``generic.json.j2``, ``slack.json.j2``, ``jira.json.j2``, shipped
-in ``healer/tickets/templates/``) or a path to a file. Templates
+A template is a name, never a path: a file directly in the directory the settings name
+(``tickets.templates_dir``), else a built-in (``generic.json.j2``, ``slack.json.j2``,
+``jira.json.j2``, shipped in ``healer/tickets/templates/``). Templates
 get the context built by :mod:`healer.tickets.payloads` and must emit every value through the
 ``tojson`` filter: label values come from metrics and are attacker-controllable, and ``tojson``
 turns any text into a valid JSON string. The output is parsed before it is sent, so a template
@@ -28,6 +29,7 @@ from jinja2.environment import Environment
 from jinja2.sandbox import SandboxedEnvironment
 
 from healer.errors import TicketError
+from healer.ruleset.schema import template_name_problem
 
 #: Bumped when a field is removed or changes meaning (adding fields is compatible).
 PAYLOAD_VERSION = "1"
@@ -42,29 +44,60 @@ def builtin_templates() -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.endswith(".j2"))
 
 
+#: Largest template file read, bytes (the built-ins are about 2 KiB).
+MAX_TEMPLATE_BYTES = 256 * 1024
+
+
 class _Loader(BaseLoader):
-    """Built-in names from the package, anything with a path separator (or an existing file) from disk."""
+    """Templates by name only: a file directly in ``templates_dir`` (when set), else a built-in.
+
+    Names are checked (:func:`~healer.ruleset.schema.template_name_problem`) before anything is
+    opened, and a file that resolves outside the directory (a symlink), is too large or is not
+    UTF-8 text is refused with a :class:`TicketError`.
+    """
+
+    def __init__(self, templates_dir: Path | None) -> None:
+        self.templates_dir = templates_dir
 
     def get_source(self, environment: Environment, template: str) -> tuple[str, str | None, Any]:
-        path = Path(template)
-        if "/" not in template and not path.is_file():
-            resource = resources.files(BUILTIN_PACKAGE).joinpath(BUILTIN_DIR, template)
-            if not resource.is_file():
-                raise TemplateNotFound(template)
-            return resource.read_text(encoding="utf-8"), template, lambda: True
+        problem = template_name_problem(template)
+        if problem:
+            raise TicketError(f"ticket template: {problem}")
+        if self.templates_dir is not None:
+            root = self.templates_dir.resolve()
+            path = (root / template).resolve()
+            if path.parent != root:
+                raise TicketError(f"ticket template {template} resolves outside {self.templates_dir}")
+            if path.is_file():
+                return _read(path, template)
+        resource = resources.files(BUILTIN_PACKAGE).joinpath(BUILTIN_DIR, template)
+        if not resource.is_file():
+            raise TemplateNotFound(template)
+        return resource.read_text(encoding="utf-8"), template, lambda: True
+
+
+def _read(path: Path, name: str) -> tuple[str, str, Any]:
+    try:
+        stat = path.stat()
+        if stat.st_size > MAX_TEMPLATE_BYTES:
+            raise TicketError(f"ticket template {name} is larger than {MAX_TEMPLATE_BYTES} bytes")
+        data = path.read_bytes()[: MAX_TEMPLATE_BYTES + 1]
+    except OSError as exc:
+        raise TemplateNotFound(name) from exc
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TicketError(f"ticket template {name} is not UTF-8 text (byte {exc.start})") from None
+    if "\x00" in source:
+        raise TicketError(f"ticket template {name} is not text (it contains NUL bytes)")
+
+    def uptodate() -> bool:
         try:
-            source = path.read_text(encoding="utf-8")
-            mtime = path.stat().st_mtime
-        except OSError as exc:
-            raise TemplateNotFound(template) from exc
+            return path.stat().st_mtime == stat.st_mtime
+        except OSError:
+            return False
 
-        def uptodate() -> bool:
-            try:
-                return path.stat().st_mtime == mtime
-            except OSError:
-                return False
-
-        return source, str(path), uptodate
+    return source, str(path), uptodate
 
 
 def _tojson(value: Any) -> str:
@@ -83,11 +116,12 @@ def _clip(value: Any, length: int = 200) -> str:
     return text if len(text) <= length else text[: max(0, length - 1)] + "…"
 
 
-@lru_cache(maxsize=1)
-def environment() -> SandboxedEnvironment:
-    """The one sandboxed environment (templates are cached and reloaded when their file changes)."""
+@lru_cache(maxsize=8)
+def environment(templates_dir: Path | None = None) -> SandboxedEnvironment:
+    """The sandboxed environment for ``templates_dir`` (templates are cached and reloaded when
+    their file changes)."""
     env = SandboxedEnvironment(
-        loader=_Loader(),
+        loader=_Loader(templates_dir),
         undefined=StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -109,14 +143,16 @@ def _template_line(exc: BaseException, filename: str | None) -> int | None:
     return line
 
 
-def render(template: str, context: dict[str, Any]) -> str:
-    """Render ``template`` with ``context``; return the JSON text (checked to parse).
+def render(template: str, context: dict[str, Any], *, templates_dir: Path | None = None) -> str:
+    """Render the template named ``template`` (a file in ``templates_dir``, else a built-in) with
+    ``context``; return the JSON text (checked to parse).
 
     Raises:
-        TicketError: template not found, syntax error, runtime error (undefined variable, sandbox
-            violation) or output that is not JSON; the message names the template and its line.
+        TicketError: not a name, not found, not UTF-8 text or too large, syntax error, runtime error
+            (undefined variable, sandbox violation) or output that is not JSON; the message names
+            the template and its line.
     """
-    env = environment()
+    env = environment(templates_dir)
     try:
         tmpl = env.get_template(template)
     except TemplateNotFound:

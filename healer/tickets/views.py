@@ -1,7 +1,7 @@
 """The ticket read model: one ticket as the CLI, the dashboard and the JSON API show it.
 
 Built from the ``tickets`` row and its latest outbox message (one outbox query for any number of
-tickets); no payload, no secrets (errors are stored redacted by delivery).
+tickets); no payload, no secrets (errors redacted once more here: providers echo URLs and tokens).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.model.states import OutboxStatus, TicketStatus
+from healer.redaction import redact_text
 from healer.store.models import Node, OutboxMessage, Ticket
 
 #: Ticket statuses after which nothing more happens on the provider's side.
@@ -96,9 +97,10 @@ def _view(t: Ticket, msg: OutboxMessage | None, node: str) -> TicketView:
         idempotency_key=msg.idempotency_key if msg else t.idempotency_key,
         attempts=msg.attempts if msg else 0,
         next_attempt_at=msg.next_attempt_at if msg and msg.status == OutboxStatus.PENDING else None,
-        last_error=t.last_error,
-        delivery_error=delivery_error,
-        reason=t.reason,
+        # A provider may echo back a URL or token: every reader (CLI, API, pages) sees it redacted.
+        last_error=redact_text(t.last_error) if t.last_error else None,
+        delivery_error=redact_text(delivery_error) if delivery_error else None,
+        reason=redact_text(t.reason) if t.reason else None,
         created_at=t.created_at,
         sent_at=t.sent_at,
         acknowledged_at=t.acknowledged_at,

@@ -17,7 +17,8 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
 * ``/status`` is a subresource: writes to it change only ``status``, writes to the object itself
   leave ``status`` alone (Nodes and Pods);
 * list ``fieldSelector`` (``a=b``, ``a==b``, ``a!=b`` on the fields each resource registers, e.g.
-  ``spec.nodeName``; others are 400) and ``labelSelector`` (``=``, ``!=``, ``in``, ``notin``, exists, ``!``exists);
+  ``spec.nodeName``; others are 400) and ``labelSelector`` (``=``, ``!=``, ``in``, ``notin``,
+  exists, ``!``exists);
 * ``POST .../pods/{name}/eviction`` (policy/v1 Eviction) evaluates PodDisruptionBudgets of the
   pod's namespace: several matching budgets → 500; a budget with no disruption allowed → 429 with
   the real ``Status`` body (cause ``DisruptionBudget``); otherwise the pod is deleted (201).

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import uvicorn
@@ -28,7 +27,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Finding, Gpu, OutboxMessage, RuleEvaluation, Ticket
 from healer.wiring import dashboard
-from tests.services import free_port, wait_until
+from tests.services import free_port, text_exporter, wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 OPERATOR_TOKEN = "op-token-0123456789abcdef"
@@ -368,30 +367,6 @@ def dcgm_scrape(node: str, *, gpus: int = 2, at: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-@contextlib.contextmanager
-def dcgm_exporter(node: str, *, gpus: int = 2) -> Iterator[str]:
+def dcgm_exporter(node: str, *, gpus: int = 2) -> contextlib.AbstractContextManager[str]:
     """Serve :func:`dcgm_scrape` for ``node`` at ``http://127.0.0.1:<port>/metrics``; yield host:port."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = dcgm_scrape(node, gpus=gpus, at=time.time()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="dcgm-exporter", daemon=True
-    )
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return text_exporter(lambda: dcgm_scrape(node, gpus=gpus, at=time.time()))

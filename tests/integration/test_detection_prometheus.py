@@ -19,12 +19,10 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -41,7 +39,7 @@ from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
-from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
+from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, text_exporter, wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -171,31 +169,9 @@ def extra_exposition(fleet: Fleet, faulty: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-@contextlib.contextmanager
-def extra_exporter(fleet: Fleet, clock: ManualClock) -> Iterator[str]:
+def extra_exporter(fleet: Fleet, clock: ManualClock) -> contextlib.AbstractContextManager[str]:
     """Serve :func:`extra_exposition` (faulty from FAULT_AT on the simulated clock); yields host:port."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = extra_exposition(fleet, clock() >= FAULT_AT).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    return text_exporter(lambda: extra_exposition(fleet, clock() >= FAULT_AT))
 
 
 @contextlib.contextmanager

@@ -117,16 +117,18 @@ def sent_ticket(factory: sessionmaker[Session]) -> int:
 
 
 def signed(
-    payload: dict[str, Any], *, secret: str = CALLBACK_SECRET, at: datetime = NOW
+    payload: dict[str, Any], *, secret: str = CALLBACK_SECRET, at: datetime = NOW, ticket_id: int = 1
 ) -> tuple[bytes, dict[str, str]]:
+    """A callback body for ``ticket_id`` and its headers, signed as a provider signs."""
     body = json.dumps(payload).encode()
     headers = {"Content-Type": "application/json"}
-    headers.update(signing.signature_headers(secret.encode(), body=body, now=at))
+    path = signing.callback_path(ticket_id)
+    headers.update(signing.callback_headers(secret.encode(), method="POST", path=path, body=body, now=at))
     return body, headers
 
 
 def callback(client: httpx.Client, ticket_id: int, payload: dict[str, Any], **kw: Any) -> httpx.Response:
-    body, headers = signed(payload, **kw)
+    body, headers = signed(payload, ticket_id=ticket_id, **kw)
     return client.post(f"/api/v1/tickets/{ticket_id}/status", content=body, headers=headers)
 
 
@@ -246,7 +248,7 @@ class TestResolved:
 
     def test_unknown_ticket_is_404_after_the_signature(self, api: httpx.Client) -> None:
         assert callback(api, 999, {"status": "resolved"}).status_code == 404
-        body, _ = signed({"status": "resolved"})
+        body, _ = signed({"status": "resolved"}, ticket_id=999)
         assert api.post("/api/v1/tickets/999/status", content=body).status_code == 401
 
 
@@ -277,7 +279,7 @@ class TestRefused:
     ) -> None:
         ticket_id = sent_ticket(session_factory)
         before = snapshot(session_factory, ticket_id)
-        body, headers = make(*signed({"status": "resolved", "reason": "fixed"}))
+        body, headers = make(*signed({"status": "resolved", "reason": "fixed"}, ticket_id=ticket_id))
         response = api.post(f"/api/v1/tickets/{ticket_id}/status", content=body, headers=headers)
         assert response.status_code == 401, response.text
         assert response.headers["WWW-Authenticate"] == "HMAC-SHA256"
@@ -287,7 +289,7 @@ class TestRefused:
         self, api: httpx.Client, session_factory: sessionmaker[Session], clock: Clock
     ) -> None:
         ticket_id = sent_ticket(session_factory)
-        body, headers = signed({"status": "acknowledged"})
+        body, headers = signed({"status": "acknowledged"}, ticket_id=ticket_id)
         url = f"/api/v1/tickets/{ticket_id}/status"
         assert api.post(url, content=body, headers=headers).status_code == 200
         after_first = snapshot(session_factory, ticket_id)

@@ -320,7 +320,9 @@ class TestPermanentFailures:
         path = tmp_path / "broken.json.j2"
         path.write_text('{\n  "node": {{ node.nmae | tojson }}\n}\n')
         rcv = receivers()
-        settings = make_settings({"name": "acme", "url": rcv.url, "template": str(path)})
+        settings = make_settings(
+            {"name": "acme", "url": rcv.url, "template": path.name}, templates_dir=str(tmp_path)
+        )
         ticket_id = new_ticket(session_factory)
         (outcome,) = run(session_factory, settings, client, NOW).outcomes
         assert outcome.result == "failed"

@@ -91,40 +91,73 @@ def test_jira_has_create_issue_fields() -> None:
     assert "healer-repeat" in fields["labels"]
 
 
-def test_template_from_path(tmp_path: Path) -> None:
+def test_template_from_the_templates_dir(tmp_path: Path) -> None:
     path = tmp_path / "mine.json.j2"
     path.write_text('{"node": {{ node.name | tojson }}}\n')
-    assert json.loads(render(str(path), context())) == {"node": "gpu-node-1"}
+    assert json.loads(render("mine.json.j2", context(), templates_dir=tmp_path)) == {"node": "gpu-node-1"}
 
 
 def test_syntax_error_names_template_and_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.json.j2"
     path.write_text('{\n  "a": 1,\n  "b": {{ node.name | tojson }\n}\n')
     with pytest.raises(TicketError, match=r"broken\.json\.j2 line 3"):
-        render(str(path), context())
+        render(path.name, context(), templates_dir=tmp_path)
 
 
 def test_undefined_variable_names_template_and_line(tmp_path: Path) -> None:
     path = tmp_path / "typo.json.j2"
     path.write_text('{\n  "a": 1,\n\n  "b": {{ nod.name | tojson }}\n}\n')
     with pytest.raises(TicketError, match=r"typo\.json\.j2 line 4: .*nod"):
-        render(str(path), context())
+        render(path.name, context(), templates_dir=tmp_path)
 
 
 def test_output_not_json_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "raw.json.j2"
     path.write_text('{"label": "{{ findings[0].labels.err_msg }}"}')
     with pytest.raises(TicketError, match=r"raw\.json\.j2 renders invalid JSON.*tojson"):
-        render(str(path), context(HOSTILE))
+        render(path.name, context(HOSTILE), templates_dir=tmp_path)
 
 
 def test_sandbox_blocks_unsafe_attribute(tmp_path: Path) -> None:
     path = tmp_path / "evil.json.j2"
     path.write_text('{"x": {{ node.__class__.__mro__ | tojson }}}')
     with pytest.raises(TicketError, match=r"evil\.json\.j2 line 1"):
-        render(str(path), context())
+        render(path.name, context(), templates_dir=tmp_path)
 
 
 def test_unknown_template() -> None:
     with pytest.raises(TicketError, match=r"'nope\.j2' not found .*generic\.json\.j2"):
         render("nope.j2", context())
+
+
+@pytest.mark.parametrize(
+    "name", ["/etc/passwd", "../secrets.j2", "sub/dir.j2", "..", ".hidden", "a\\b.j2", ""]
+)
+def test_paths_are_refused_before_anything_is_read(tmp_path: Path, name: str) -> None:
+    with pytest.raises(TicketError, match="must be a name"):
+        render(name, context(), templates_dir=tmp_path)
+
+
+def test_binary_template_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "blob.json.j2").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(TicketError, match=r"blob\.json\.j2 is not UTF-8 text"):
+        render("blob.json.j2", context(), templates_dir=tmp_path)
+    (tmp_path / "nul.json.j2").write_bytes(b'{"a": 1}\x00')
+    with pytest.raises(TicketError, match=r"nul\.json\.j2 is not text"):
+        render("nul.json.j2", context(), templates_dir=tmp_path)
+
+
+def test_symlink_out_of_the_templates_dir_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text('{"stolen": true}')
+    inside = tmp_path / "dir"
+    inside.mkdir()
+    (inside / "link.json.j2").symlink_to(outside)
+    with pytest.raises(TicketError, match="outside"):
+        render("link.json.j2", context(), templates_dir=inside)
+
+
+def test_oversized_template_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "big.json.j2").write_text("{}" + " " * (300 * 1024))
+    with pytest.raises(TicketError, match="larger than"):
+        render("big.json.j2", context(), templates_dir=tmp_path)
