@@ -31,7 +31,8 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   (``deletionTimestamp`` set) for that many wall-clock seconds first;
 * Events (core ``v1`` and ``events.k8s.io/v1``), Leases (``coordination.k8s.io/v1``), Namespaces.
 
-Not emulated: watch, pagination (``limit`` is ignored, everything is returned), server-side apply,
+Watch is served for PodDisruptionBudgets only (status changes as MODIFIED events).
+Not emulated: other watches, pagination (``limit`` is ignored, everything is returned), server-side apply,
 admission, RBAC, the node lifecycle controller (cordoning does not add the
 ``node.kubernetes.io/unschedulable`` taint), PDB ``unhealthyPodEvictionPolicy``.
 
