@@ -80,17 +80,6 @@ def load_xid_catalog(path: Path) -> XidCatalog:
     return XidCatalog.model_validate(data)
 
 
-def _runs(codes: Iterable[int]) -> list[tuple[int, int]]:
-    """Consecutive runs of sorted unique ``codes``: [46, 48, 62, 63, 64] → [(46, 46), (48, 48), (62, 64)]."""
-    runs: list[tuple[int, int]] = []
-    for code in sorted(set(codes)):
-        if runs and code == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], code)
-        else:
-            runs.append((code, code))
-    return runs
-
-
 def render_value_match(metric: str, codes: Iterable[int]) -> str:
     """PromQL keeping the series of ``metric`` whose value is one of ``codes`` (integers).
 
