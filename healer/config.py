@@ -43,6 +43,9 @@ class PrometheusSettings(_Group):
     tick_deadline_seconds: float = Field(
         30.0, gt=0, description="All queries of one tick must finish within this many seconds."
     )
+    max_concurrent_queries: int = Field(
+        4, ge=1, le=32, description="Queries of one tick in flight at once (1 = one after another)."
+    )
     verify_tls: bool = True
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. tenant).")
 

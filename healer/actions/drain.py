@@ -29,6 +29,16 @@ the name is never evicted by mistake) run in parallel, ``concurrency`` at a time
 * 500 "more than one PodDisruptionBudget": no retry can succeed (kubectl fails the pod at once), so
   the step reports ``blocked`` at once, deadline or not.
 
+API economy: the step reads the budgets of the namespaces it evicts from (one list per
+namespace) and POSTs at most ``status.disruptionsAllowed`` evictions per budget; a pod its budget
+would refuse is not POSTed. While pods are held, the step watches those budgets (one watch per
+namespace, at most ``budget_wait_seconds``) and evicts as soon as a replacement is ready and the
+budget allows again, so a 110-pod node under ``maxUnavailable: 1`` costs about one list, one
+eviction per pod, one watch and the final list, and its wall time follows the replacements'
+readiness rather than the drain job's interval. A 429 anyway (a stale count) zeroes that budget
+until the watch says otherwise. Without watch (an API server or proxy refusing it) held pods wait
+for the next step, as before.
+
 A step holds no state: what to do follows from the pods on the node now, so a restarted controller
 calls it again and resumes; evicted pods are terminating or gone and are not evicted twice.
 """
@@ -38,7 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,7 +56,9 @@ from enum import StrEnum
 from typing import Any, cast
 
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
 
 from healer.actions.apierrors import api_call
 from healer.model.drain import DrainOptions, DrainReport
@@ -179,25 +191,87 @@ def selector_matches(selector: k8s.V1LabelSelector | None, labels: dict[str, str
     return True
 
 
-def budgets_for(
-    policy: k8s.PolicyV1Api, pods: Sequence[k8s.V1Pod], *, request_timeout: float
-) -> tuple[str, ...]:
-    """``namespace/name`` of the PodDisruptionBudgets whose selector matches any of ``pods``."""
-    found: set[str] = set()
+@dataclass
+class Budgets:
+    """The PodDisruptionBudgets of the namespaces a step evicts from, and what each allows now.
+
+    ``allowed`` maps ``namespace/name`` → ``status.disruptionsAllowed`` as last read (listed, then
+    watched), decremented by each eviction this step sends; ``matching`` maps a pod → the budgets
+    selecting it; ``versions`` the namespaces' list ``resourceVersion`` (where a watch starts).
+    """
+
+    allowed: dict[str, int] = field(default_factory=dict)
+    matching: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def may_post(self, pod: k8s.V1Pod) -> bool:
+        """True when the API server will not refuse the eviction for its budget (no budget, or
+        room left in its only one). Several budgets: the API server answers 500 whatever we do,
+        so the pod is POSTed (and reported) as before."""
+        names = self.matching.get(pod_key(pod), ())
+        return len(names) != 1 or self.allowed.get(names[0], 0) > 0
+
+    def take(self, pod: k8s.V1Pod) -> None:
+        names = self.matching.get(pod_key(pod), ())
+        if len(names) == 1:
+            self.allowed[names[0]] -= 1
+
+    def refused(self, pod: k8s.V1Pod) -> None:
+        """A 429: the count was stale; nothing more goes to that budget until it changes."""
+        for name in self.matching.get(pod_key(pod), ()):
+            self.allowed[name] = 0
+
+    def names_for(self, pods: Sequence[k8s.V1Pod]) -> tuple[str, ...]:
+        return tuple(sorted({n for x in pods for n in self.matching.get(pod_key(x), ())}))
+
+
+def read_budgets(policy: k8s.PolicyV1Api, pods: Sequence[k8s.V1Pod], *, request_timeout: float) -> Budgets:
+    """One list of PodDisruptionBudgets per namespace of ``pods``, matched to each pod."""
+    budgets = Budgets()
     by_ns: dict[str, list[k8s.V1PodDisruptionBudget]] = {}
     for pod in pods:
         ns = str(metadata_of(pod).namespace)
         if ns not in by_ns:
             with api_call(f"list PodDisruptionBudgets in {ns}"):
-                by_ns[ns] = list(
-                    policy.list_namespaced_pod_disruption_budget(ns, _request_timeout=request_timeout).items
-                    or []
-                )
+                listed = policy.list_namespaced_pod_disruption_budget(ns, _request_timeout=request_timeout)
+            by_ns[ns] = list(listed.items or [])
+            budgets.versions[ns] = str(listed.metadata.resource_version or "") if listed.metadata else ""
+            for pdb in by_ns[ns]:
+                budgets.allowed[f"{ns}/{metadata_of(pdb).name}"] = _disruptions_allowed(pdb)
         labels = metadata_of(pod).labels or {}
-        for pdb in by_ns[ns]:
-            if selector_matches(pdb.spec.selector if pdb.spec else None, labels):
-                found.add(f"{ns}/{metadata_of(pdb).name}")
-    return tuple(sorted(found))
+        budgets.matching[pod_key(pod)] = tuple(
+            sorted(
+                f"{ns}/{metadata_of(pdb).name}"
+                for pdb in by_ns[ns]
+                if selector_matches(pdb.spec.selector if pdb.spec else None, labels)
+            )
+        )
+    return budgets
+
+
+def _disruptions_allowed(pdb: k8s.V1PodDisruptionBudget) -> int:
+    return int(pdb.status.disruptions_allowed or 0) if pdb.status else 0
+
+
+def _budget_events(
+    policy: k8s.PolicyV1Api, namespace: str, since: str, seconds: float, request_timeout: float
+) -> Iterator[tuple[str, int]]:
+    """``(namespace/name, disruptionsAllowed)`` for each budget change in ``namespace`` after the
+    list's ``since`` version, for at most ``seconds`` (one watch request)."""
+    watcher = k8s_watch.Watch()
+    try:
+        for event in watcher.stream(
+            policy.list_namespaced_pod_disruption_budget,
+            namespace,
+            resource_version=since or None,
+            timeout_seconds=max(1, int(seconds)),
+            _request_timeout=(request_timeout, seconds + request_timeout),
+        ):
+            pdb = event.get("object") if isinstance(event, dict) else None
+            if isinstance(pdb, k8s.V1PodDisruptionBudget):
+                yield f"{namespace}/{metadata_of(pdb).name}", _disruptions_allowed(pdb)
+    finally:
+        watcher.stop()
 
 
 class Outcome(StrEnum):
@@ -325,21 +399,51 @@ def drain_step(
         )
     past_deadline = now >= started_at + timedelta(seconds=options.timeout_seconds)
     grace = options.grace_period_seconds
-    outcomes: list[tuple[Outcome, str]] = []
-    if p.evict:
-        with ThreadPoolExecutor(max_workers=max(1, options.concurrency), thread_name_prefix="evict") as pool:
-            outcomes = list(pool.map(lambda x: _evict(core, x, grace, request_timeout), p.evict))
-    evicted = [pod_key(x) for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.EVICTED]
-    held = [x for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.BUDGET]
-    several = [x for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.SEVERAL_BUDGETS]
-    for x, (o, m) in zip(p.evict, outcomes, strict=True):
-        if o is Outcome.RATE_LIMITED:
-            log.info("drain %s: %s %s; next step", node, pod_key(x), m)
-    errors = {pod_key(x): m for x, (o, m) in zip(p.evict, outcomes, strict=True) if o is Outcome.ERROR}
-    for key in evicted:
-        log.info("drain %s: evicted %s", node, key)
-    held += several
-    budgets = budgets_for(policy, held, request_timeout=request_timeout) if held else ()
+    evicted: list[str] = []
+    errors: dict[str, str] = {}
+    held: list[k8s.V1Pod] = []
+    several: list[k8s.V1Pod] = []
+    budgets = read_budgets(policy, p.evict, request_timeout=request_timeout) if p.evict else Budgets()
+    waiting_until = time.monotonic() + (0.0 if past_deadline else options.budget_wait_seconds)
+    todo = list(p.evict)
+    events: dict[str, Iterator[tuple[str, int]]] = {}
+    try:
+        while todo:
+            batch, later = [], []
+            for x in todo:
+                if budgets.may_post(x):
+                    budgets.take(x)
+                    batch.append(x)
+                else:
+                    later.append(x)  # its budget would refuse it now: not POSTed
+            todo = later
+            outcomes = _evict_all(core, batch, grace, request_timeout, options.concurrency)
+            for x, (outcome, message) in zip(batch, outcomes, strict=True):
+                if outcome is Outcome.EVICTED:
+                    evicted.append(pod_key(x))
+                    log.info("drain %s: evicted %s", node, pod_key(x))
+                elif outcome is Outcome.ERROR:
+                    errors[pod_key(x)] = message
+                elif outcome is Outcome.RATE_LIMITED:
+                    log.info("drain %s: %s %s; next step", node, pod_key(x), message)  # not a budget block
+                elif outcome is Outcome.SEVERAL_BUDGETS:
+                    several.append(x)  # refused whatever we wait for
+                elif outcome is Outcome.BUDGET and len(budgets.matching.get(pod_key(x), ())) == 1:
+                    budgets.refused(x)
+                    todo.append(x)  # a stale count: retried when the budget changes
+                elif outcome is Outcome.BUDGET:
+                    held.append(x)  # a budget we did not read (created since): held for the next step
+            if not todo or time.monotonic() >= waiting_until:
+                break
+            if not _wait_for_budget(policy, budgets, todo, events, waiting_until, request_timeout):
+                break
+    finally:
+        for stream in events.values():
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+    held += todo + several
+    budgets_names = budgets.names_for(held)
     deleted: list[str] = []
     if past_deadline and held and options.delete_after_timeout:
         # The rule's explicit choice: DELETE bypasses the budgets. Recorded in the report.
@@ -349,7 +453,9 @@ def drain_step(
                 errors[pod_key(x)] = message
             else:
                 deleted.append(pod_key(x))
-                log.warning("drain %s: deleted %s past the deadline (budgets %s)", node, pod_key(x), budgets)
+                log.warning(
+                    "drain %s: deleted %s past the deadline (budgets %s)", node, pod_key(x), budgets_names
+                )
         held = [x for x in held if pod_key(x) not in deleted]
     blocked_pods = [pod_key(x) for x in held]
     if past_deadline:
@@ -360,15 +466,57 @@ def drain_step(
     # Several budgets on one pod block the drain at once: waiting cannot change the answer.
     blocked = (past_deadline or bool(several)) and bool(blocked_pods)
     if blocked:
-        log.warning("drain of %s blocked at its deadline: pods %s, budgets %s", node, blocked_pods, budgets)
+        log.warning(
+            "drain of %s blocked at its deadline: pods %s, budgets %s", node, blocked_pods, budgets_names
+        )
     return DrainReport(
         done=not remaining and not errors,
         evicted=tuple(sorted(evicted)),
         remaining=tuple(remaining),
         blocked_pods=tuple(sorted(blocked_pods)) if blocked else (),
-        budgets=budgets,
+        budgets=budgets_names,
         deleted=tuple(sorted(deleted)),
         blocked=blocked,
         kept=tuple(sorted(after.kept)),
         errors=errors,
     )
+
+
+def _evict_all(
+    core: k8s.CoreV1Api, pods: Sequence[k8s.V1Pod], grace: int, request_timeout: float, concurrency: int
+) -> list[tuple[Outcome, str]]:
+    if not pods:
+        return []
+    if len(pods) == 1:
+        return [_evict(core, pods[0], grace, request_timeout)]
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="evict") as pool:
+        return list(pool.map(lambda x: _evict(core, x, grace, request_timeout), pods))
+
+
+def _wait_for_budget(
+    policy: k8s.PolicyV1Api,
+    budgets: Budgets,
+    held: Sequence[k8s.V1Pod],
+    events: dict[str, Iterator[tuple[str, int]]],
+    until: float,
+    request_timeout: float,
+) -> bool:
+    """Block until a budget holding one of ``held`` allows a disruption (True), or the watch
+    ends, fails or ``until`` (monotonic) passes (False). One watch per namespace, kept open
+    across rounds in ``events``."""
+    ns = str(metadata_of(held[0]).namespace)
+    wanted = set(budgets.names_for([x for x in held if str(metadata_of(x).namespace) == ns]))
+    if ns not in events:
+        events[ns] = _budget_events(
+            policy, ns, budgets.versions.get(ns, ""), until - time.monotonic(), request_timeout
+        )
+    try:
+        for name, allowed in events[ns]:
+            budgets.allowed[name] = allowed
+            if name in wanted and allowed > 0:
+                return True
+            if time.monotonic() >= until:
+                return False
+    except (ApiException, OSError, ValueError, Urllib3Error) as exc:
+        log.info("watching PodDisruptionBudgets in %s failed (held pods wait for the next step): %s", ns, exc)
+    return False

@@ -75,6 +75,7 @@ def evaluate(
             session_factory=factory,
             state=initial_state(factory),
             now=wiring.utc_now(),
+            concurrency=settings.prometheus.max_concurrent_queries,
         )
     if output == OutputFormat.JSON:
         typer.echo(json.dumps(as_json(result), indent=2))

@@ -16,7 +16,7 @@ module          job
 
 from healer.controller.passes import RemediationResult, advance_drains, remediate
 from healer.controller.reconcile import MAX_STEPS_PER_TICK, NodeOutcome, Reconciler
-from healer.controller.scheduler import Controller, Leadership, due_groups, tick_seconds
+from healer.controller.scheduler import Controller, Leadership, due_groups, scheduled_tick_time, tick_seconds
 
 __all__ = [
     "MAX_STEPS_PER_TICK",
@@ -28,5 +28,6 @@ __all__ = [
     "advance_drains",
     "due_groups",
     "remediate",
+    "scheduled_tick_time",
     "tick_seconds",
 ]

@@ -17,6 +17,7 @@ the Lease. A lost Lease stops acting at the next check (before each job and each
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +82,22 @@ def due_groups(
     return due
 
 
+def scheduled_tick_time(origin: datetime, period: float, clock_now: datetime) -> datetime:
+    """The time the running tick was scheduled for: the latest ``origin + k * period`` (seconds)
+    at or before ``clock_now``, allowing ``clock_now`` to read a little early.
+
+    The tick evaluates at this time, not at the clock read: consecutive ticks are then exactly
+    ``period`` apart, as Prometheus's rule evaluations are, so a ``for: 30s`` that became active at
+    one tick is held at the tick 30 s later. Judged against clock reads, a later read that was a
+    fraction of a millisecond "earlier" in its period than the first read waited a whole extra tick.
+    The slack (half a period, at most 1 s) absorbs a scheduler that wakes slightly before its time;
+    a tick that runs late (a long previous tick, coalesced runs) maps to the latest period it is in.
+    """
+    slack = min(1.0, period / 2)
+    steps = math.floor(((clock_now - origin).total_seconds() + slack) / period)
+    return origin + timedelta(seconds=max(steps, 0) * period)
+
+
 def tick_seconds(groups: Sequence[RuleGroup], default_interval: float) -> float:
     """The tick period: the shortest group interval (seconds), so every group runs on time."""
     return min((g.interval or default_interval for g in groups), default=default_interval)
@@ -105,6 +122,9 @@ class Controller:
     _leader: bool = False
     _group_last: dict[str, datetime] = field(default_factory=dict)
     _tick_seconds: float = 0.0
+    #: Start of the tick's schedule (set by :meth:`start` and on a reschedule); None = tick at the
+    #: clock's time (a tick called directly, as tests do).
+    _tick_origin: datetime | None = None
     _why_not: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: BackgroundScheduler | None = None
@@ -144,7 +164,10 @@ class Controller:
         if not self.is_leader():
             return
         with self._lock:
-            now = self.clock()
+            started = self.clock()
+            now = started
+            if self._tick_origin is not None and self._tick_seconds > 0:
+                now = scheduled_tick_time(self._tick_origin, self._tick_seconds, started)
             ruleset = self.rules.ruleset
             due = due_groups(
                 ruleset.groups,
@@ -162,6 +185,7 @@ class Controller:
                     state=self.state,
                     now=now,
                     due_groups=due,
+                    concurrency=self.settings.prometheus.max_concurrent_queries,
                 )
                 self.state = detection.state
                 self._group_last.update(dict.fromkeys(due, now))
@@ -194,7 +218,7 @@ class Controller:
                 ok = False  # recorded below; the job wrapper logs the traceback once
                 raise
             finally:
-                duration = (self.clock() - now).total_seconds()
+                duration = (self.clock() - started).total_seconds()
                 self.metrics.observe_tick(duration_seconds=duration, ok=ok)
                 with transaction(self.session_factory) as session:
                     repo.set_switch(
@@ -273,6 +297,7 @@ class Controller:
         every = tick_seconds(self.rules.ruleset.groups, self.settings.scheduler.default_interval_seconds)
         if every != self._tick_seconds and self._scheduler is not None:
             self._tick_seconds = every
+            self._tick_origin = self.clock()
             self._scheduler.reschedule_job("tick", trigger="interval", seconds=every)
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -285,6 +310,8 @@ class Controller:
             self.rules.ruleset.groups, s.scheduler.default_interval_seconds
         )
         scheduler = BackgroundScheduler(timezone="UTC", job_defaults={"coalesce": True, "max_instances": 1})
+        started = self.clock()
+        self._tick_origin = started
         jobs: list[tuple[Callable[[], None], float]] = [
             (self.keep_lease, s.kubernetes.renew_interval_seconds),
             (self.tick, tick_every),
@@ -299,7 +326,7 @@ class Controller:
                 "interval",
                 seconds=seconds,
                 id=func.__name__,
-                next_run_time=self.clock(),
+                next_run_time=started,
                 misfire_grace_time=max(1, int(seconds)),
             )
         scheduler.start()

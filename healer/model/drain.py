@@ -12,7 +12,9 @@ class DrainOptions:
     ``timeout_seconds``: from the drain's start until it is reported blocked (seconds).
     ``grace_period_seconds``: given to each eviction; -1 = the pod's own
     ``terminationGracePeriodSeconds``. ``concurrency``: evictions in flight at once. The defaults
-    are the rule schema's (``healer.ruleset.schema.DrainAction``).
+    are the rule schema's (``healer.ruleset.schema.DrainAction``). ``budget_wait_seconds``: how
+    long one drain step keeps watching the PodDisruptionBudgets that hold its pods, evicting each
+    pod as soon as its budget allows (0 = one round per step, held pods wait for the next step).
     """
 
     timeout_seconds: float = 3600.0
@@ -22,6 +24,7 @@ class DrainOptions:
     force: bool = False
     delete_after_timeout: bool = False
     concurrency: int = 8
+    budget_wait_seconds: float = 5.0
 
 
 @dataclass(frozen=True)

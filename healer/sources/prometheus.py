@@ -24,6 +24,7 @@ An empty ``result`` is a success with no samples, never an error.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime
 from typing import Any
@@ -60,6 +61,8 @@ class PrometheusSource:
         headers: extra HTTP headers (e.g. a tenant header).
 
     ``queries_sent`` counts the HTTP queries sent (the benchmark checks one per rule per tick).
+    :meth:`query` may be called from several threads at once (the tick's query pool): the
+    connection pool keeps up to 10 connections (requests' default), more than the tick uses.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class PrometheusSource:
         self.timeout_seconds = timeout_seconds
         self.tick_deadline_seconds = tick_deadline_seconds
         self.queries_sent = 0
+        self._count_lock = threading.Lock()
         # Retries would hide a failing source inside one tick and blow its deadline.
         no_retry = Retry(total=0, connect=0, read=0, redirect=0, status=0, other=0, raise_on_status=False)
         self._prom = PrometheusConnect(
@@ -133,7 +137,8 @@ class PrometheusSource:
             "time": f"{at.timestamp():.3f}",
             "timeout": f"{max(int(budget * 1000), 1)}ms",
         }
-        self.queries_sent += 1
+        with self._count_lock:
+            self.queries_sent += 1
         try:
             response = self._session.get(
                 self._endpoint,

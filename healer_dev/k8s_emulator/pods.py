@@ -22,7 +22,13 @@ class PodLifecycle(EmulatorState):
 
     def _with_status(self, res: Resource, obj: Obj) -> Obj:
         if res.kind == "PodDisruptionBudget":
-            obj["status"] = self._pdb_status(obj)
+            status = self._pdb_status(obj)
+            old = obj.get("status") or {}
+            if any(old.get(k) != status[k] for k in _PDB_COUNTS):
+                # The disruption controller writes a changed status: a new resourceVersion, which
+                # a watch from an older one reports as MODIFIED.
+                obj["status"] = status
+                obj["metadata"]["resourceVersion"] = self._next_rv()
         return obj
 
     def _pdb_status(self, pdb: Obj) -> Obj:
@@ -142,6 +148,7 @@ class PodLifecycle(EmulatorState):
             )
         terminating = bool(obj["metadata"].get("deletionTimestamp"))
         running = obj["status"].get("phase") == "Running"
+        pdbs: list[Obj] = []
         if running and not terminating:
             pdbs = [
                 p
@@ -189,8 +196,15 @@ class PodLifecycle(EmulatorState):
                 self._recreate(obj, sorted(others)[0])
             else:
                 self._ghosts.append(copy.deepcopy(obj))
+        if running and not terminating and pdbs:
+            # The Eviction API writes the budget's status as it admits the eviction (one
+            # disruption fewer allowed): a watch sees that change before the replacement's.
+            self._with_status(_BY_PATH[("policy/v1", "poddisruptionbudgets")], pdbs[0])
         self.evictions.append(Eviction(f"{ns}/{name}", obj["metadata"]["uid"], 201))
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+
+_PDB_COUNTS = ("expectedPods", "currentHealthy", "desiredHealthy", "disruptionsAllowed")
 
 
 def _scaled(value: int | str, total: int) -> int:

@@ -25,6 +25,14 @@ from healer_dev.k8s_emulator.selectors import match_field_selector, match_label_
 from healer_dev.k8s_emulator.validation import check_field_selector, validate
 
 
+class WatchRequested(Exception):
+    """A ``?watch=true`` list: the HTTP handler streams the events (see ``server._Handler``)."""
+
+    def __init__(self, res: Resource, ns: str | None, query: dict[str, str]) -> None:
+        super().__init__(res.plural)
+        self.res, self.ns, self.query = res, ns, query
+
+
 class RestDispatch(PodLifecycle):
     """The API server's request handling (called by the HTTP handler with the lock held)."""
 
@@ -91,7 +99,9 @@ class RestDispatch(PodLifecycle):
 
     def _list(self, res: Resource, ns: str | None, query: dict[str, str]) -> Obj:
         if query.get("watch") in ("true", "1"):
-            raise ApiError(400, "BadRequest", "watch is not supported by the emulator")
+            if res.kind == "PodDisruptionBudget":
+                raise WatchRequested(res, ns, query)
+            raise ApiError(400, "BadRequest", "watch is supported for PodDisruptionBudgets only")
         if "fieldSelector" in query:
             check_field_selector(res, query["fieldSelector"])
         stored = sorted(self._store[(res.group_version, res.plural)].items())

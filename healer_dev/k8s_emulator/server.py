@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from healer_dev.k8s_emulator.objects import gpu_fleet
 from healer_dev.k8s_emulator.resources import _BY_KIND, ApiError, Obj
-from healer_dev.k8s_emulator.rest import RestDispatch
+from healer_dev.k8s_emulator.rest import RestDispatch, WatchRequested
 from healer_dev.k8s_emulator.state import _Injected
 
 if TYPE_CHECKING:
@@ -242,6 +243,9 @@ class _Handler(BaseHTTPRequestHandler):
                     code, payload = self.emu.handle(
                         self.command, self.path, self.headers.get("Content-Type", ""), body
                     )
+            except WatchRequested as watch:
+                self._watch(watch)
+                return
             except ApiError as exc:
                 code, payload = exc.code, exc.body()
             except Exception as exc:  # an emulator bug: answer 500 instead of hanging the client
@@ -252,6 +256,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _watch(self, watch: WatchRequested) -> None:
+        """Stream watch events (one JSON object per line, chunked) until ``timeoutSeconds``
+        (default 30 s) or the server stops: ``ADDED`` for every object when no
+        ``resourceVersion`` is given, then ``MODIFIED`` for each object whose resourceVersion moves
+        past the last one sent. PDB status is recomputed every 20 ms, as the disruption controller
+        would write it."""
+        query = {k: v for k, v in watch.query.items() if k not in ("watch", "resourceVersion")}
+        since = int(watch.query.get("resourceVersion") or 0)
+        end = time.monotonic() + float(watch.query.get("timeoutSeconds") or 30)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent: dict[str, int] = {}
+        try:
+            while time.monotonic() < end and self.emu._server is not None:
+                with self.emu._lock:
+                    items = self.emu._list(watch.res, watch.ns, query)["items"]
+                for obj in items:
+                    meta = obj["metadata"]
+                    rv, key = int(meta["resourceVersion"]), f"{meta['namespace']}/{meta['name']}"
+                    if rv > since and sent.get(key) != rv:
+                        kind = "ADDED" if since == 0 and key not in sent else "MODIFIED"
+                        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                        self.wfile.flush()
+                        sent[key] = rv
+                time.sleep(0.02)
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 

@@ -476,7 +476,16 @@ def test_ticks_are_recorded(timeline: Timeline) -> None:
 # --- a hung Prometheus -------------------------------------------------------------------------
 
 
-def test_hung_prometheus_ends_the_tick_at_its_deadline(timeline: Timeline) -> None:
+@pytest.mark.parametrize(
+    ("concurrency", "sent"),
+    [
+        (1, (2, 3)),  # 0.4 s each until the 1 s deadline; the rest never sent
+        (4, (4, 12)),  # at most 4 at a time, 0.4 s each, until the 1 s deadline
+    ],
+)
+def test_hung_prometheus_ends_the_tick_at_its_deadline(
+    timeline: Timeline, concurrency: int, sent: tuple[int, int]
+) -> None:
     before = timeline.all_ticks[-1]
     with (
         hanging_server() as url,
@@ -489,10 +498,12 @@ def test_hung_prometheus_ends_the_tick_at_its_deadline(timeline: Timeline) -> No
             session_factory=None,
             state=before.state,
             now=datetime.now(UTC),
+            concurrency=concurrency,
         )
         elapsed = time.monotonic() - started
-    assert 0.9 <= elapsed < 1.8
-    assert 2 <= result.queries <= 3  # 0.4 s each until the 1 s deadline; the rest never sent
+    assert 0.9 <= elapsed < 1.8  # the deadline holds, with one query or several in flight
+    assert sent[0] <= result.queries <= sent[1]
+    assert source.queries_sent == result.queries
     assert {r.health for r in result.reports} == {RuleHealth.UNAVAILABLE}
     errors = [r.error or "" for r in result.reports]
     assert sum("timed out" in e for e in errors) == result.queries
@@ -503,6 +514,38 @@ def test_hung_prometheus_ends_the_tick_at_its_deadline(timeline: Timeline) -> No
     assert result.changes == []
     assert result.findings.firing == before.findings.firing
     assert result.findings.unknown == before.findings.unknown
+
+
+# --- concurrent queries give the sequential tick's answer ---------------------------------------
+
+
+def _comparable(result: DetectionResult) -> tuple[object, ...]:
+    """Everything a tick decides, without the wall-clock query times."""
+    reports = [(r.rule, r.health, r.error, r.series, r.pending, r.firing, r.warnings) for r in result.reports]
+    return (reports, result.changes, result.state, result.findings, result.queries)
+
+
+@pytest.mark.parametrize("phase", ["faults", "recovery", "missing"])
+def test_concurrent_tick_equals_the_sequential_tick(timeline: Timeline, phase: str) -> None:
+    """The same previous state and the same ``time=``: 1 query at a time and 4 at a time agree on
+    every report, change, finding and the next state, over each phase of the timeline."""
+    ticks: list[DetectionResult] = getattr(timeline, phase)
+    assert len(ticks) >= 2
+    previous, tick = ticks[-2], ticks[-1]
+    answers = {}
+    for concurrency in (1, 4):
+        with PrometheusSource(timeline.prometheus.url, timeout_seconds=5, tick_deadline_seconds=15) as source:
+            answers[concurrency] = run_detection(
+                ruleset=timeline.ruleset,
+                source=source,
+                session_factory=None,
+                state=previous.state,
+                now=tick.findings.at,
+                concurrency=concurrency,
+            )
+    assert answers[4].queries == len(timeline.ruleset.rules)
+    assert _comparable(answers[4]) == _comparable(answers[1])
+    assert answers[4].findings.firing  # the comparison is over real findings, not two empty ticks
 
 
 # --- healer evaluate --once --------------------------------------------------------------------

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
-from healer.controller import due_groups, tick_seconds
+from healer.controller import due_groups, scheduled_tick_time, tick_seconds
 from healer.ruleset.schema import Rule, RuleGroup
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
@@ -44,3 +45,28 @@ def test_tick_is_the_shortest_interval() -> None:
     assert tick_seconds(GROUPS, 30) == 10
     assert tick_seconds([DEFAULT], 30) == 30
     assert tick_seconds([], 30) == 30
+
+
+# --- the tick's evaluation time is its scheduled time ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("read", "expected"),
+    [
+        (0.0, 0.0),
+        (0.0004, 0.0),  # the clock read a little after the schedule
+        (29.9997, 30.0),  # ... or a little before it (a scheduler waking early)
+        (30.0003, 30.0),
+        (59.99999, 60.0),
+        (75.0, 60.0),  # a late tick (a long previous tick): the period it runs in
+        (-0.2, 0.0),  # before the first period: the origin
+    ],
+)
+def test_scheduled_tick_time_is_on_the_period_grid(read: float, expected: float) -> None:
+    assert scheduled_tick_time(T0, 30.0, T0 + timedelta(seconds=read)) == T0 + timedelta(seconds=expected)
+
+
+def test_consecutive_scheduled_ticks_are_exactly_one_period_apart_despite_jitter() -> None:
+    reads = [0.00041, 30.00002, 59.9999, 90.0008, 120.0]
+    times = [scheduled_tick_time(T0, 30.0, T0 + timedelta(seconds=r)) for r in reads]
+    assert [(b - a).total_seconds() for a, b in pairwise(times)] == [30.0] * 4

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from healer.controller import scheduled_tick_time
 from healer.engine.evaluation import (
     ChangeKind,
     Evaluation,
@@ -507,3 +508,48 @@ def test_render_template(text: str, want: str) -> None:
 )
 def test_value_formatting_like_prometheus(value: float, go: str, human: str) -> None:
     assert (go_float(value), humanize(value)) == (go, human)
+
+
+# --- `for` at the scheduled tick time ------------------------------------------------------------
+
+EPSILON = timedelta(microseconds=300)  # the clock read of issue 19: a fraction of a millisecond
+
+
+def test_for_fires_at_the_tick_scheduled_for_seconds_after_active_since() -> None:
+    """Ticks at scheduled times T0, T0+15, T0+30: a `for: 30s` fires at the third, exactly held."""
+    evaluations = run(
+        rule(for_=30), [Tick(0, TRUE, FindingState.PENDING), Tick(15, TRUE, FindingState.PENDING)]
+    )
+    state = evaluations[-1].state
+    fired = evaluate(
+        ruleset=ruleset(rule(for_=30)),
+        results={"GpuTooHot": TRUE},
+        previous=state,
+        now=T0 + timedelta(seconds=30),
+    )
+    assert fired.state.series[KEY].state == FindingState.FIRING
+    assert [c.kind for c in fired.changes] == [ChangeKind.FIRED]
+
+
+def test_for_judged_at_a_clock_read_just_early_waits_a_tick_the_scheduled_time_does_not() -> None:
+    """The failing case of issue 19: active_since came from a clock read ε after its tick's
+    schedule, the next clock read is ε' < ε after its own, so active_since + for == read + (ε - ε').
+    Evaluated at the clock reads, the `for` is not yet held and firing waits a whole tick; the
+    controller evaluates at the scheduled times instead (``scheduled_tick_time``), which are
+    exactly ``for`` apart."""
+    r = rule(for_=30)
+    period = 30.0
+    first_read, second_read = T0 + EPSILON, T0 + timedelta(seconds=30) + EPSILON / 3
+    pending = evaluate(ruleset=ruleset(r), results={r.name: TRUE}, previous=EvaluationState(), now=first_read)
+    # The bug: judged at the clock reads, active_since + for == second read + 2ε/3, not held.
+    late = evaluate(ruleset=ruleset(r), results={r.name: TRUE}, previous=pending.state, now=second_read)
+    assert late.state.series[KEY].state == FindingState.PENDING
+
+    # The fix: both ticks at their scheduled times.
+    at = [scheduled_tick_time(T0, period, read) for read in (first_read, second_read)]
+    assert at == [T0, T0 + timedelta(seconds=30)]
+    pending = evaluate(ruleset=ruleset(r), results={r.name: TRUE}, previous=EvaluationState(), now=at[0])
+    assert pending.state.series[KEY].active_since == T0
+    fired = evaluate(ruleset=ruleset(r), results={r.name: TRUE}, previous=pending.state, now=at[1])
+    assert fired.state.series[KEY].state == FindingState.FIRING
+    assert fired.state.series[KEY].fired_at == T0 + timedelta(seconds=30)

@@ -39,10 +39,12 @@ def flat(text: str) -> str:
 
 
 def codes_in(expr: str) -> set[int]:
-    """Every Xid code the expression compares the Xid gauge with (``== N`` and ``>= A <= B`` runs)."""
-    codes = {int(c) for c in re.findall(rf"{XID} == (\d+)", expr)}
-    for lo, hi in re.findall(rf"{XID} >= (\d+) <= (\d+)", expr):
-        codes.update(range(int(lo), int(hi) + 1))
+    """Every Xid code the expression keeps of the Xid gauge: ``== N``, and ``>= A <= B`` spans
+    minus the ``!= N`` filters chained after them (``render_value_match``)."""
+    flat_expr = flat(expr)
+    codes = {int(c) for c in re.findall(rf"{XID} == (\d+)", flat_expr)}
+    for lo, hi, gaps in re.findall(rf"{XID} >= (\d+) <= (\d+)((?: != \d+)*)", flat_expr):
+        codes.update(set(range(int(lo), int(hi) + 1)) - {int(n) for n in re.findall(r"\d+", gaps)})
     return codes
 
 
@@ -102,5 +104,10 @@ def test_no_xid_rule_depends_on_the_no_error_series(rules: dict[str, Rule]) -> N
 
 
 def test_value_match_joins_runs() -> None:
-    assert render_value_match("m", [46, 48, 62, 63, 64]) == "m == 46 or m == 48 or (m >= 62 <= 64)"
+    # One selection of the gauge: the span of the codes, minus each integer in it that is not one.
+    assert render_value_match("m", [46, 48, 62, 63, 64]) == "m >= 46 <= 64 != 47 " + " ".join(
+        f"!= {n}" for n in range(49, 62)
+    )
+    assert render_value_match("m", [144, 145, 146]) == "m >= 144 <= 146"
+    assert render_value_match("m", [79]) == "m == 79"
     assert render_label_regex([150, 144]) == "144|150"
