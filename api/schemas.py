@@ -50,6 +50,10 @@ class NodeSummary(BaseModel):
     affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
     gpu_count: int = 0
     ticket: TicketBrief | None = None
+    drain_blocked: bool = Field(
+        False, description="Blocked because its drain could not finish (PodDisruptionBudgets, refused pods)."
+    )
+    blocked_reason: str | None = None
 
 
 class GpuOut(BaseModel):
@@ -201,19 +205,27 @@ class RulesOut(BaseModel):
 
 
 class BreakerOut(BaseModel):
+    """The circuit breaker; when tripped, the pool whose share tripped it and that pool's node
+    count (the denominator of the percentage). ``rule`` states the limits in force."""
+
     tripped: bool
     reason: str | None = None
     tripped_at: str | None = None
     held: list[str] = Field(default_factory=list)
+    pool: str | None = None
+    pool_nodes: int | None = None
+    bad_nodes: int | None = None
+    rule: str = ""
 
 
 class PoolBudget(BaseModel):
     """Remediation budget use of one pool: nodes out of service vs the limit (min of both caps)."""
 
     pool: str
-    nodes: int
+    nodes: int  # the denominator of the budget's and the breaker's percentages
     out_of_service: int
     limit: int
+    breaker_trips_at: int = 0  # nodes of this pool turning bad within the window that trip the breaker
 
 
 class LastTick(BaseModel):

@@ -65,6 +65,13 @@ class KubernetesSettings(_Group):
     pool_label: str = Field(
         "node.kubernetes.io/instance-type", description="Node label grouping nodes into pools for budgets."
     )
+    pool_fallback_labels: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu.product"],
+        description=(
+            "Labels tried in order when a node lacks pool_label (GPU feature discovery's product label "
+            "by default); a node with none is in pool 'default' if it has GPUs, 'no-gpu' if not."
+        ),
+    )
     request_timeout_seconds: float = Field(10.0, gt=0)
 
     @model_validator(mode="after")
@@ -131,11 +138,26 @@ class SafetySettings(_Group):
     breaker_nodes: int = Field(
         5, ge=1, description="Trip when more nodes than this turn bad within the window."
     )
-    breaker_percent: float = Field(20.0, gt=0, le=100, description="... or more than this % of the fleet.")
+    breaker_percent: float = Field(
+        20.0, gt=0, le=100, description="... or more than this % of one pool's nodes (not the cluster's)."
+    )
+    breaker_min_nodes: int = Field(
+        3,
+        ge=1,
+        description=(
+            "The % trigger needs at least this many bad nodes in the pool (the floor for tiny pools: "
+            "in a pool of 4, one or two bad nodes never trip it)."
+        ),
+    )
     breaker_window_seconds: float = Field(300.0, gt=0)
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)
     recovery_hold_seconds: float = Field(
         300.0, ge=0, description="A repaired node must stay clear this long before it returns to service."
+    )
+    drain_blocked_alert_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="The dashboard flags nodes whose drain has been blocked longer than this, seconds.",
     )
 
     def limits(self) -> SafetyLimits:
@@ -145,6 +167,7 @@ class SafetySettings(_Group):
             max_unhealthy_percent=self.max_unhealthy_percent,
             breaker_nodes=self.breaker_nodes,
             breaker_percent=self.breaker_percent,
+            breaker_min_nodes=self.breaker_min_nodes,
             breaker_window_seconds=self.breaker_window_seconds,
             maintenance_windows=tuple(w.limits() for w in self.maintenance_windows),
         )

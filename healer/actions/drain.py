@@ -17,10 +17,17 @@ why. Evictions (``policy/v1`` Eviction, ``deleteOptions.preconditions.uid`` so a
 the name is never evicted by mistake) run in parallel, ``concurrency`` at a time. Answers:
 
 * 201/200: evicted; 404, or 409 on the uid precondition: the pod is already gone (success);
-* 429 (a PodDisruptionBudget allows no disruption now) or 500 (several budgets match the pod):
+* 429 with the Status cause ``DisruptionBudget`` (a PodDisruptionBudget allows no disruption now):
   left for the next step until the deadline (``started_at + timeout_seconds``); past it the step
   reports ``blocked`` naming the pods and the budgets, and deletes them (``DELETE`` bypasses
-  budgets) only when ``delete_after_timeout``, listing them in ``deleted``.
+  budgets) only when ``delete_after_timeout``, listing them in ``deleted``;
+* 429 without that cause is API priority and fairness (rate limiting): an error retried next step;
+* 500 "more than one PodDisruptionBudget": retrying cannot succeed (kubectl fails the pod at once),
+  so the step reports ``blocked`` at once, naming the pod and its budgets.
+
+On a node whose kubelet is dead (``Ready`` not ``True``) a pod evicted earlier stays terminating
+forever; one whose ``deletionTimestamp`` is older than ``skip_wait_for_delete_timeout_seconds``
+counts as gone (kubectl drain's ``--skip-wait-for-delete-timeout``), so the drain can finish.
 
 A step holds no state: what to do follows from the pods on the node now, so a restarted controller
 calls it again and resumes; evicted pods are terminating or gone and are not evicted twice.
@@ -28,6 +35,7 @@ calls it again and resumes; evicted pods are terminating or gone and are not evi
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -192,8 +200,21 @@ def budgets_for(
 class Outcome(StrEnum):
     EVICTED = "evicted"
     GONE = "gone"
-    BUDGET = "budget"  # 429 or 500 several budgets: a PodDisruptionBudget holds it
+    BUDGET = "budget"  # 429 with cause DisruptionBudget: a PodDisruptionBudget holds it now
+    SEVERAL_BUDGETS = "several-budgets"  # 500: several budgets match; retrying cannot succeed
     ERROR = "error"
+
+
+def _budget_cause(body: object) -> bool:
+    """Whether a 429's Status body names the cause ``DisruptionBudget`` (kube-apiserver's
+    ``createTooManyRequestsError``); a 429 without it is rate limiting (priority and fairness)."""
+    try:
+        status = json.loads(body) if isinstance(body, (str, bytes)) else None
+    except ValueError:
+        return False
+    details = status.get("details") if isinstance(status, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return any(isinstance(c, dict) and c.get("reason") == "DisruptionBudget" for c in causes or [])
 
 
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
@@ -211,10 +232,12 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
     except ApiException as exc:
         if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
             return Outcome.GONE, ""
-        if exc.status == 429:
+        if exc.status == 429 and _budget_cause(exc.body):
             return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
+        if exc.status == 429:
+            return Outcome.ERROR, "HTTP 429: rate limited by the API server (no DisruptionBudget cause)"
         if exc.status == 500 and "more than one" in (exc.body or ""):
-            return Outcome.BUDGET, "several PodDisruptionBudgets match this pod"
+            return Outcome.SEVERAL_BUDGETS, "several PodDisruptionBudgets match this pod"
         return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
     return Outcome.EVICTED, ""
 
@@ -232,6 +255,26 @@ def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: fl
             return Outcome.GONE, ""
         return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
     return Outcome.EVICTED, ""
+
+
+def _present(
+    pods: list[k8s.V1Pod], options: DrainOptions, now: datetime, node_ready: bool
+) -> list[k8s.V1Pod]:
+    """``pods`` without those that count as gone: on a node that is not Ready, pods terminating
+    longer than ``skip_wait_for_delete_timeout_seconds`` (their kubelet will never confirm)."""
+    if node_ready or options.skip_wait_for_delete_timeout_seconds <= 0:
+        return pods
+    limit = timedelta(seconds=options.skip_wait_for_delete_timeout_seconds)
+    kept = []
+    for pod in pods:
+        since = metadata_of(pod).deletion_timestamp
+        if since is not None and now - since >= limit:
+            log.warning(
+                "drain: %s terminating since %s on a NotReady node: counted as gone", pod_key(pod), since
+            )
+            continue
+        kept.append(pod)
+    return kept
 
 
 def plan(core: k8s.CoreV1Api, node: str, *, options: DrainOptions, request_timeout: float) -> DrainReport:
@@ -257,20 +300,24 @@ def drain_step(
     now: datetime,
     options: DrainOptions,
     request_timeout: float,
+    node_ready: bool = True,
 ) -> DrainReport:
     """Evict what can be evicted now; see the module docstring for every rule.
 
     Args:
         started_at, now: aware datetimes; the deadline is ``started_at + options.timeout_seconds``.
+        node_ready: the node's ``Ready`` condition is ``True``; when not, pods terminating longer
+            than ``options.skip_wait_for_delete_timeout_seconds`` count as gone.
 
     Returns:
         ``done`` when no pod is left to evict or wait for; ``refused`` (nothing evicted) when a
-        filter refuses pods; ``blocked`` with ``blocked_pods`` and ``budgets`` past the deadline.
+        filter refuses pods; ``blocked`` with ``blocked_pods`` and ``budgets`` past the deadline,
+        or at once when several budgets match a pod (HTTP 500).
 
     Raises:
         KubernetesError: listing pods or budgets failed (evictions' own failures are in ``errors``).
     """
-    pods = list_node_pods(core, node, request_timeout=request_timeout)
+    pods = _present(list_node_pods(core, node, request_timeout=request_timeout), options, now, node_ready)
     p = classify(pods, options)
     if p.refused:
         log.warning("drain of %s refused: %s", node, p.refused)
@@ -288,6 +335,8 @@ def drain_step(
             outcomes = list(pool.map(lambda x: _evict(core, x, grace, request_timeout), p.evict))
     evicted = [pod_key(x) for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.EVICTED]
     held = [x for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.BUDGET]
+    several = [x for x, (o, _) in zip(p.evict, outcomes, strict=True) if o is Outcome.SEVERAL_BUDGETS]
+    held += several
     errors = {pod_key(x): m for x, (o, m) in zip(p.evict, outcomes, strict=True) if o is Outcome.ERROR}
     for key in evicted:
         log.info("drain %s: evicted %s", node, key)
@@ -307,9 +356,13 @@ def drain_step(
     if past_deadline:
         blocked_pods += p.waiting  # still terminating at the deadline: reported, never force-deleted
         blocked_pods += list(errors)  # failing evictions (e.g. 403) end the drain instead of looping
-    after = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
+    after = classify(
+        _present(list_node_pods(core, node, request_timeout=request_timeout), options, now, node_ready),
+        options,
+    )
     remaining = sorted({*(pod_key(x) for x in after.evict), *after.waiting, *after.refused})
-    blocked = past_deadline and bool(blocked_pods)
+    # Pods several budgets match can never be evicted: blocked now, not at the deadline in an hour.
+    blocked = (past_deadline and bool(blocked_pods)) or bool(several)
     if blocked:
         log.warning("drain of %s blocked at its deadline: pods %s, budgets %s", node, blocked_pods, budgets)
     return DrainReport(

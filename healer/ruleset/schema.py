@@ -71,6 +71,14 @@ class DrainAction(_Strict):
         False, description="Past the deadline, DELETE pods a PodDisruptionBudget still protects (recorded)."
     )
     concurrency: int = Field(8, ge=1, le=256, description="Evictions in flight at once.")
+    skip_wait_for_delete_timeout: Seconds = Field(
+        300.0,
+        ge=0,
+        description=(
+            "On a NotReady node, a pod terminating longer than this counts as gone (kubectl drain's "
+            "--skip-wait-for-delete-timeout), seconds; 0 = wait forever."
+        ),
+    )
 
     def options(self) -> DrainOptions:
         """The drain options as the controller and the Kubernetes adapter take them."""
@@ -82,6 +90,7 @@ class DrainAction(_Strict):
             force=self.force,
             delete_after_timeout=self.delete_after_timeout,
             concurrency=self.concurrency,
+            skip_wait_for_delete_timeout_seconds=self.skip_wait_for_delete_timeout,
         )
 
 
@@ -136,6 +145,15 @@ class Rule(_Strict):
     gpu_label: str = "gpu"
     unit: str | None = Field(
         None, max_length=100, description="Unit of the expression's value, for evidence (e.g. 'degrees C')."
+    )
+    sticky: bool = Field(
+        False,
+        description=(
+            "The expression reads a gauge that keeps its last value until the exporter restarts "
+            "(dcgm-exporter's DCGM_FI_DEV_XID_ERRORS): after a repair, a series still at the value "
+            "seen at repair time is old evidence and neither fails validation nor re-opens the node; "
+            "a new value (or a new series) does."
+        ),
     )
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
