@@ -177,7 +177,8 @@ def remediate(
         )
         fleet_size = len(node_pools)
         sticky_rules = sticky_values.sticky_rule_names(rules)
-        current = engine_sticky.discount_tick(findings, sticky_values.baselines(session), sticky_rules)
+        baselines = sticky_values.baselines(session, findings)
+        current = engine_sticky.discount_tick(findings, baselines, sticky_rules)
         verdict = safety.breaker(
             turned_bad=fleet_facts.turned_bad(current, rules),
             fleet_size=fleet_size,

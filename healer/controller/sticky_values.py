@@ -69,10 +69,23 @@ def current(
     return sticky.discount(firing, kept, sticky_rules), sticky.discount(pending, kept, sticky_rules)
 
 
-def baselines(session: Session) -> dict[str, dict[str, float]]:
-    """node → its remembered sticky values (for discounting the whole tick, e.g. the breaker)."""
-    rows = session.execute(select(Node.name, Node.sticky_values).where(Node.sticky_values.is_not(None)))
-    return {name: dict((stored or {}).get("values") or {}) for name, stored in rows}
+def baselines(session: Session, findings: TickFindings) -> dict[str, dict[str, float]]:
+    """node → its remembered sticky values, pruned by this tick (a series no longer firing is
+    forgotten, also on nodes the tick does not reconcile); for discounting the whole tick."""
+    out: dict[str, dict[str, float]] = {}
+    for node in session.scalars(select(Node).where(Node.sticky_values.is_not(None))):
+        stored: dict[str, Any] = dict(node.sticky_values or {})
+        found = (*findings.firing.get(node.name, ()), *findings.pending.get(node.name, ()))
+        kept = sticky.prune(
+            stored.get("values") or {},
+            found,
+            frozen_rules=findings.frozen_rules,
+            unknown=node.name in findings.unknown,
+        )
+        if kept != (stored.get("values") or {}):
+            node.sticky_values = {**stored, "values": kept}
+        out[node.name] = kept
+    return out
 
 
 def sticky_rule_names(rules: RuleSet) -> frozenset[str]:

@@ -291,7 +291,8 @@ def test_429_without_a_budget_cause_is_rate_limiting_retried(harness: Harness) -
     assert harness.state("gpu-05") == NodeState.DRAINING
     row = harness.actions_of("gpu-05", kind="drain")[-1]
     assert not row.detail.get("budgets")  # type: ignore[union-attr]
-    assert "rate limited" in (row.error or "")
+    assert "rate limited" in row.detail["errors"]["web/web-0"]  # type: ignore[index]
+    assert ("POST", "/api/v1/namespaces/web/pods/web-0/eviction") in harness.emu.requests
 
     drains(harness, T0 + timedelta(seconds=20))  # the next round goes through
     assert harness.state("gpu-05") == NodeState.AWAITING_REPAIR
