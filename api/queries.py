@@ -23,6 +23,7 @@ from api.errors import ApiError
 from api.schemas import (
     ActionOut,
     BreakerOut,
+    BreakerScope,
     FindingOut,
     FleetStatus,
     GpuOut,
@@ -175,14 +176,16 @@ def fleet_status(
             reason=breaker.get("reason") or breaker.get("last_reason"),
             tripped_at=breaker.get("tripped_at"),
             held=list(breaker.get("held", []) or []) if breaker.get("tripped") else [],
-            pool=breaker.get("pool") if breaker.get("tripped") else None,
-            pool_nodes=breaker.get("pool_nodes") if breaker.get("tripped") else None,
-            bad_nodes=breaker.get("bad_nodes") if breaker.get("tripped") else None,
+        ),
+        breaker_scope=BreakerScope(
             rule=(
                 f"trips when more than {safety.breaker_nodes} node(s), or more than "
                 f"{safety.breaker_percent:g}% of one pool's nodes (at least {safety.breaker_min_nodes}), "
                 f"turn bad within {safety.breaker_window_seconds:g} s"
             ),
+            pool=breaker.get("pool") if breaker.get("tripped") else None,
+            pool_nodes=breaker.get("pool_nodes") if breaker.get("tripped") else None,
+            bad_nodes=breaker.get("bad_nodes") if breaker.get("tripped") else None,
         ),
         budgets=budgets,
         last_tick=_last_tick(switches.get(repo.SWITCH_LAST_TICK, {}), now=now),

@@ -205,17 +205,21 @@ class RulesOut(BaseModel):
 
 
 class BreakerOut(BaseModel):
-    """The circuit breaker; when tripped, the pool whose share tripped it and that pool's node
-    count (the denominator of the percentage). ``rule`` states the limits in force."""
-
     tripped: bool
     reason: str | None = None
     tripped_at: str | None = None
     held: list[str] = Field(default_factory=list)
+
+
+class BreakerScope(BaseModel):
+    """What the circuit breaker is judged over: ``rule`` states the limits in force; when tripped,
+    ``pool`` is the pool whose share tripped it, ``pool_nodes`` that pool's node count (the
+    denominator of the percentage) and ``bad_nodes`` how many of them turned bad."""
+
+    rule: str
     pool: str | None = None
     pool_nodes: int | None = None
     bad_nodes: int | None = None
-    rule: str = ""
 
 
 class PoolBudget(BaseModel):
@@ -244,6 +248,7 @@ class FleetStatus(BaseModel):
     pause_reason: str | None = None
     dry_run: bool
     breaker: BreakerOut
+    breaker_scope: BreakerScope
     budgets: list[PoolBudget]
     last_tick: LastTick | None
     rules: list[RuleOut]

@@ -132,11 +132,9 @@ def test_cpu_nodes_do_not_dilute_the_gpu_pool_breaker(harness: Harness) -> None:
         status = client.get("/api/v1/status").json()
         page = client.get("/").text
     assert status["breaker"]["tripped"] is True
-    assert (status["breaker"]["pool"], status["breaker"]["pool_nodes"], status["breaker"]["bad_nodes"]) == (
-        "h100",
-        20,
-        15,
-    )
+    scope = status["breaker_scope"]
+    assert (scope["pool"], scope["pool_nodes"], scope["bad_nodes"]) == ("h100", 20, 15)
+    assert "50% of one pool's nodes" in scope["rule"]
     budgets = {b["pool"]: b for b in status["budgets"]}
     assert (budgets["h100"]["nodes"], budgets["no-gpu"]["nodes"]) == (20, 80)
     assert budgets["h100"]["breaker_trips_at"] == 11  # more than 50 % of 20
