@@ -73,6 +73,14 @@ class KubernetesSettings(_Group):
         ),
     )
     request_timeout_seconds: float = Field(10.0, gt=0)
+    drain_skip_wait_for_delete_timeout_seconds: float = Field(
+        300.0,
+        ge=0,
+        description=(
+            "On a NotReady node, a pod terminating longer than this counts as gone and the drain goes "
+            "on (kubectl drain's --skip-wait-for-delete-timeout), seconds; 0 = wait forever."
+        ),
+    )
 
     @model_validator(mode="after")
     def _renew_faster_than_lease(self) -> KubernetesSettings:

@@ -27,7 +27,8 @@ the name is never evicted by mistake) run in parallel, ``concurrency`` at a time
 
 On a node whose kubelet is dead (``Ready`` not ``True``) a pod evicted earlier stays terminating
 forever; one whose ``deletionTimestamp`` is older than ``skip_wait_for_delete_timeout_seconds``
-counts as gone (kubectl drain's ``--skip-wait-for-delete-timeout``), so the drain can finish.
+(``kubernetes.drain_skip_wait_for_delete_timeout_seconds``) counts as gone (kubectl drain's
+``--skip-wait-for-delete-timeout``), so the drain can finish.
 
 A step holds no state: what to do follows from the pods on the node now, so a restarted controller
 calls it again and resumes; evicted pods are terminating or gone and are not evicted twice.
@@ -257,14 +258,12 @@ def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: fl
     return Outcome.EVICTED, ""
 
 
-def _present(
-    pods: list[k8s.V1Pod], options: DrainOptions, now: datetime, node_ready: bool
-) -> list[k8s.V1Pod]:
-    """``pods`` without those that count as gone: on a node that is not Ready, pods terminating
-    longer than ``skip_wait_for_delete_timeout_seconds`` (their kubelet will never confirm)."""
-    if node_ready or options.skip_wait_for_delete_timeout_seconds <= 0:
+def _present(pods: list[k8s.V1Pod], now: datetime, skip_wait_seconds: float | None) -> list[k8s.V1Pod]:
+    """``pods`` without those that count as gone: when ``skip_wait_seconds`` is set (the node is not
+    Ready), pods terminating longer than that (their kubelet will never confirm)."""
+    if skip_wait_seconds is None or skip_wait_seconds <= 0:
         return pods
-    limit = timedelta(seconds=options.skip_wait_for_delete_timeout_seconds)
+    limit = timedelta(seconds=skip_wait_seconds)
     kept = []
     for pod in pods:
         since = metadata_of(pod).deletion_timestamp
@@ -301,13 +300,14 @@ def drain_step(
     options: DrainOptions,
     request_timeout: float,
     node_ready: bool = True,
+    skip_wait_for_delete_timeout_seconds: float = 300.0,
 ) -> DrainReport:
     """Evict what can be evicted now; see the module docstring for every rule.
 
     Args:
         started_at, now: aware datetimes; the deadline is ``started_at + options.timeout_seconds``.
         node_ready: the node's ``Ready`` condition is ``True``; when not, pods terminating longer
-            than ``options.skip_wait_for_delete_timeout_seconds`` count as gone.
+            than ``skip_wait_for_delete_timeout_seconds`` count as gone (0 = wait forever).
 
     Returns:
         ``done`` when no pod is left to evict or wait for; ``refused`` (nothing evicted) when a
@@ -317,7 +317,8 @@ def drain_step(
     Raises:
         KubernetesError: listing pods or budgets failed (evictions' own failures are in ``errors``).
     """
-    pods = _present(list_node_pods(core, node, request_timeout=request_timeout), options, now, node_ready)
+    skip_wait = None if node_ready else skip_wait_for_delete_timeout_seconds
+    pods = _present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait)
     p = classify(pods, options)
     if p.refused:
         log.warning("drain of %s refused: %s", node, p.refused)
@@ -357,8 +358,7 @@ def drain_step(
         blocked_pods += p.waiting  # still terminating at the deadline: reported, never force-deleted
         blocked_pods += list(errors)  # failing evictions (e.g. 403) end the drain instead of looping
     after = classify(
-        _present(list_node_pods(core, node, request_timeout=request_timeout), options, now, node_ready),
-        options,
+        _present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait), options
     )
     remaining = sorted({*(pod_key(x) for x in after.evict), *after.waiting, *after.refused})
     # Pods several budgets match can never be evicted: blocked now, not at the deadline in an hour.

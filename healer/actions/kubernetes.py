@@ -383,6 +383,7 @@ class KubernetesNodeActions:
             options=options,
             request_timeout=self._timeout,
             node_ready=view.conditions.get("Ready", "True") == "True",
+            skip_wait_for_delete_timeout_seconds=self.settings.drain_skip_wait_for_delete_timeout_seconds,
         )
 
     def plan_drain(self, name: str, *, options: DrainOptions) -> DrainReport:

@@ -12,9 +12,7 @@ class DrainOptions:
     ``timeout_seconds``: from the drain's start until it is reported blocked (seconds).
     ``grace_period_seconds``: given to each eviction; -1 = the pod's own
     ``terminationGracePeriodSeconds``. ``concurrency``: evictions in flight at once. The defaults
-    ``skip_wait_for_delete_timeout_seconds``: on a node that is not Ready, a pod terminating longer
-    than this counts as gone (kubectl's ``--skip-wait-for-delete-timeout``; 0 = wait forever). The
-    defaults are the rule schema's (``healer.ruleset.schema.DrainAction``).
+    are the rule schema's (``healer.ruleset.schema.DrainAction``).
     """
 
     timeout_seconds: float = 3600.0
@@ -24,7 +22,6 @@ class DrainOptions:
     force: bool = False
     delete_after_timeout: bool = False
     concurrency: int = 8
-    skip_wait_for_delete_timeout_seconds: float = 300.0
 
 
 @dataclass(frozen=True)

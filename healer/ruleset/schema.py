@@ -71,14 +71,6 @@ class DrainAction(_Strict):
         False, description="Past the deadline, DELETE pods a PodDisruptionBudget still protects (recorded)."
     )
     concurrency: int = Field(8, ge=1, le=256, description="Evictions in flight at once.")
-    skip_wait_for_delete_timeout: Seconds = Field(
-        300.0,
-        ge=0,
-        description=(
-            "On a NotReady node, a pod terminating longer than this counts as gone (kubectl drain's "
-            "--skip-wait-for-delete-timeout), seconds; 0 = wait forever."
-        ),
-    )
 
     def options(self) -> DrainOptions:
         """The drain options as the controller and the Kubernetes adapter take them."""
@@ -90,7 +82,6 @@ class DrainAction(_Strict):
             force=self.force,
             delete_after_timeout=self.delete_after_timeout,
             concurrency=self.concurrency,
-            skip_wait_for_delete_timeout_seconds=self.skip_wait_for_delete_timeout,
         )
 
 
