@@ -206,7 +206,7 @@ class Outcome(StrEnum):
     ERROR = "error"
 
 
-def _budget_cause(body: object) -> bool:
+def is_budget_block(body: object) -> bool:
     """Whether a 429's Status body names the cause ``DisruptionBudget`` (kube-apiserver's
     ``createTooManyRequestsError``); a 429 without it is rate limiting (priority and fairness)."""
     try:
@@ -233,7 +233,7 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
     except ApiException as exc:
         if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
             return Outcome.GONE, ""
-        if exc.status == 429 and _budget_cause(exc.body):
+        if exc.status == 429 and is_budget_block(exc.body):
             return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
         if exc.status == 429:
             return Outcome.ERROR, "HTTP 429: rate limited by the API server (no DisruptionBudget cause)"
@@ -258,7 +258,7 @@ def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: fl
     return Outcome.EVICTED, ""
 
 
-def _present(pods: list[k8s.V1Pod], now: datetime, skip_wait_seconds: float | None) -> list[k8s.V1Pod]:
+def still_present(pods: list[k8s.V1Pod], now: datetime, skip_wait_seconds: float | None) -> list[k8s.V1Pod]:
     """``pods`` without those that count as gone: when ``skip_wait_seconds`` is set (the node is not
     Ready), pods terminating longer than that (their kubelet will never confirm)."""
     if skip_wait_seconds is None or skip_wait_seconds <= 0:
@@ -318,7 +318,7 @@ def drain_step(
         KubernetesError: listing pods or budgets failed (evictions' own failures are in ``errors``).
     """
     skip_wait = None if node_ready else skip_wait_for_delete_timeout_seconds
-    pods = _present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait)
+    pods = still_present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait)
     p = classify(pods, options)
     if p.refused:
         log.warning("drain of %s refused: %s", node, p.refused)
@@ -358,7 +358,7 @@ def drain_step(
         blocked_pods += p.waiting  # still terminating at the deadline: reported, never force-deleted
         blocked_pods += list(errors)  # failing evictions (e.g. 403) end the drain instead of looping
     after = classify(
-        _present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait), options
+        still_present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait), options
     )
     remaining = sorted({*(pod_key(x) for x in after.evict), *after.waiting, *after.refused})
     # Pods several budgets match can never be evicted: blocked now, not at the deadline in an hour.
