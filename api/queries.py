@@ -23,6 +23,7 @@ from api.errors import ApiError
 from api.schemas import (
     ActionOut,
     BreakerOut,
+    BreakerScope,
     FindingOut,
     FleetStatus,
     GpuOut,
@@ -42,7 +43,7 @@ from api.schemas import (
 )
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
-from healer.engine.safety import PoolUsage
+from healer.engine.safety import PoolUsage, breaker_trips_at
 from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
@@ -154,8 +155,17 @@ def fleet_status(
     for pool, nodes, out in session.execute(
         select(Node.pool, func.count(), func.sum(out_of_service)).group_by(Node.pool).order_by(Node.pool)
     ):
-        limit = PoolUsage(size=nodes).limit(safety.limits())  # the same cap safety applies
-        budgets.append(PoolBudget(pool=pool, nodes=nodes, out_of_service=int(out or 0), limit=limit))
+        limits = safety.limits()
+        limit = PoolUsage(size=nodes).limit(limits)  # the same cap safety applies
+        budgets.append(
+            PoolBudget(
+                pool=pool,
+                nodes=nodes,
+                out_of_service=int(out or 0),
+                limit=limit,
+                breaker_trips_at=breaker_trips_at(nodes, limits),
+            )
+        )
     switches = {
         row.name: dict(row.value)
         for row in session.scalars(
@@ -177,6 +187,16 @@ def fleet_status(
             reason=breaker.get("reason") or breaker.get("last_reason"),
             tripped_at=breaker.get("tripped_at"),
             held=list(breaker.get("held", []) or []) if breaker.get("tripped") else [],
+        ),
+        breaker_scope=BreakerScope(
+            rule=(
+                f"trips when more than {safety.breaker_nodes} node(s), or more than "
+                f"{safety.breaker_percent:g}% of one pool's nodes (at least {safety.breaker_min_nodes}), "
+                f"turn bad within {safety.breaker_window_seconds:g} s"
+            ),
+            pool=breaker.get("pool") if breaker.get("tripped") else None,
+            pool_nodes=breaker.get("pool_nodes") if breaker.get("tripped") else None,
+            bad_nodes=breaker.get("bad_nodes") if breaker.get("tripped") else None,
         ),
         budgets=budgets,
         last_tick=_last_tick(switches.get(repo.SWITCH_LAST_TICK, {}), now=now),
@@ -395,6 +415,14 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
             select(Gpu.node_id, func.count()).where(Gpu.node_id.in_(ids)).group_by(Gpu.node_id)
         ).all()
     )
+    blocked = {
+        node_id: (step, reason)
+        for node_id, step, reason in session.execute(
+            select(Incident.node_id, Incident.blocked_step, Incident.blocked_reason).where(
+                Incident.node_id.in_(ids), Incident.closed_at.is_(None), Incident.blocked_step.is_not(None)
+            )
+        )
+    }
     tickets: dict[int, TicketBrief] = {}
     for t in session.scalars(
         select(Ticket).where(Ticket.node_id.in_(ids)).order_by(Ticket.created_at.desc(), Ticket.id.desc())
@@ -413,6 +441,8 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
             affected_gpus=sorted(gpus.get(n.name, ()), key=_gpu_sort_key),
             gpu_count=gpu_counts.get(n.id, 0),
             ticket=tickets.get(n.id),
+            drain_blocked=n.state == NodeState.BLOCKED and blocked.get(n.id, (None, None))[0] == "drain",
+            blocked_reason=blocked[n.id][1] if n.state == NodeState.BLOCKED and n.id in blocked else None,
         )
         for n in nodes
     ]

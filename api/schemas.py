@@ -55,6 +55,10 @@ class NodeSummary(BaseModel):
     affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
     gpu_count: int = 0
     ticket: TicketBrief | None = None
+    drain_blocked: bool = Field(
+        False, description="Blocked because its drain could not finish (PodDisruptionBudgets, refused pods)."
+    )
+    blocked_reason: str | None = None
 
 
 class GpuOut(BaseModel):
@@ -212,13 +216,25 @@ class BreakerOut(BaseModel):
     held: list[str] = Field(default_factory=list)
 
 
+class BreakerScope(BaseModel):
+    """What the circuit breaker is judged over: ``rule`` states the limits in force; when tripped,
+    ``pool`` is the pool whose share tripped it, ``pool_nodes`` that pool's node count (the
+    denominator of the percentage) and ``bad_nodes`` how many of them turned bad."""
+
+    rule: str
+    pool: str | None = None
+    pool_nodes: int | None = None
+    bad_nodes: int | None = None
+
+
 class PoolBudget(BaseModel):
     """Remediation budget use of one pool: nodes out of service vs the limit (min of both caps)."""
 
     pool: str
-    nodes: int
+    nodes: int  # the denominator of the budget's and the breaker's percentages
     out_of_service: int
     limit: int
+    breaker_trips_at: int = 0  # nodes of this pool turning bad within the window that trip the breaker
 
 
 class LastTick(BaseModel):
@@ -237,6 +253,7 @@ class FleetStatus(BaseModel):
     pause_reason: str | None = None
     dry_run: bool
     breaker: BreakerOut
+    breaker_scope: BreakerScope
     budgets: list[PoolBudget]
     last_tick: LastTick | None
     rules: list[RuleOut]

@@ -69,7 +69,22 @@ class KubernetesSettings(_Group):
     pool_label: str = Field(
         "node.kubernetes.io/instance-type", description="Node label grouping nodes into pools for budgets."
     )
+    pool_fallback_labels: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu.product"],
+        description=(
+            "Labels tried in order when a node lacks pool_label (GPU feature discovery's product label "
+            "by default); a node with none is in pool 'default' if it has GPUs, 'no-gpu' if not."
+        ),
+    )
     request_timeout_seconds: float = Field(10.0, gt=0)
+    drain_skip_wait_for_delete_timeout_seconds: float = Field(
+        300.0,
+        ge=0,
+        description=(
+            "On a NotReady node, a pod terminating longer than this counts as gone and the drain goes "
+            "on (kubectl drain's --skip-wait-for-delete-timeout), seconds; 0 = wait forever."
+        ),
+    )
 
     @model_validator(mode="after")
     def _renew_faster_than_lease(self) -> KubernetesSettings:
@@ -135,7 +150,17 @@ class SafetySettings(_Group):
     breaker_nodes: int = Field(
         5, ge=1, description="Trip when more nodes than this turn bad within the window."
     )
-    breaker_percent: float = Field(20.0, gt=0, le=100, description="... or more than this % of the fleet.")
+    breaker_percent: float = Field(
+        20.0, gt=0, le=100, description="... or more than this % of one pool's nodes (not the cluster's)."
+    )
+    breaker_min_nodes: int = Field(
+        3,
+        ge=1,
+        description=(
+            "The % trigger needs at least this many bad nodes in the pool (the floor for tiny pools: "
+            "in a pool of 4, one or two bad nodes never trip it)."
+        ),
+    )
     breaker_window_seconds: float = Field(300.0, gt=0)
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)
     recovery_hold_seconds: float = Field(
@@ -148,6 +173,11 @@ class SafetySettings(_Group):
             "those nodes are taken out of service and their repair is never asked for."
         ),
     )
+    drain_blocked_alert_seconds: float = Field(
+        3600.0,
+        gt=0,
+        description="The dashboard flags nodes whose drain has been blocked longer than this, seconds.",
+    )
 
     def limits(self) -> SafetyLimits:
         """The limits as the pure engine takes them (no pydantic in ``healer.engine``)."""
@@ -156,6 +186,7 @@ class SafetySettings(_Group):
             max_unhealthy_percent=self.max_unhealthy_percent,
             breaker_nodes=self.breaker_nodes,
             breaker_percent=self.breaker_percent,
+            breaker_min_nodes=self.breaker_min_nodes,
             breaker_window_seconds=self.breaker_window_seconds,
             maintenance_windows=tuple(w.limits() for w in self.maintenance_windows),
         )

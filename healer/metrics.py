@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.engine.states import FindingState, NodeState, OutboxStatus, RuleHealth
 from healer.store import nodes as repo
-from healer.store.models import Finding, Node, OutboxMessage
+from healer.store.models import Finding, Incident, Node, OutboxMessage
 
 #: Tick durations, seconds: a tick is a handful of PromQL queries plus database writes; the
 #: default deadline is 30 s, so buckets reach past it to show ticks that overran.
@@ -167,6 +167,25 @@ def _state_families(session: Session) -> Iterable[Metric]:
     held = GaugeMetricFamily("healer_breaker_held_nodes", "Nodes the tripped breaker holds back.")
     held.add_metric([], float(len(breaker.get("held", []) or []) if breaker.get("tripped") else 0))
     yield held
+
+    blocked_since = session.execute(
+        select(func.count(), func.min(Node.state_since))
+        .join(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+        .where(Node.state == NodeState.BLOCKED, Incident.blocked_step == "drain")
+    ).one()
+    drain_blocked = GaugeMetricFamily(
+        "healer_drain_blocked_nodes",
+        "Nodes whose drain is blocked (PodDisruptionBudgets past the deadline, or refused pods).",
+    )
+    drain_blocked.add_metric([], float(blocked_since[0] or 0))
+    yield drain_blocked
+    oldest = GaugeMetricFamily(
+        "healer_drain_blocked_oldest_timestamp_seconds",
+        "Unix time since which the longest-blocked drain has been blocked (0 when none): alert on "
+        "time() - this > your limit.",
+    )
+    oldest.add_metric([], blocked_since[1].timestamp() if blocked_since[1] is not None else 0.0)
+    yield oldest
 
     paused = GaugeMetricFamily("healer_paused", "1 while an operator has paused healer.")
     paused.add_metric([], 1.0 if repo.get_switch(session, repo.SWITCH_PAUSED).get("paused") else 0.0)

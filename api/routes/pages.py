@@ -84,6 +84,7 @@ def fleet(
             "next_link": _query_link("/", **filters, cursor=page.next_cursor) if page.next_cursor else None,
             "first_link": _query_link("/", **filters) if cursor else None,
             "now": now,
+            "drain_blocked_alert_seconds": settings.safety.drain_blocked_alert_seconds,
             "done": _done(request),
         },
     )

@@ -39,6 +39,11 @@ readiness rather than the drain job's interval. A 429 anyway (a stale count) zer
 until the watch says otherwise. Without watch (an API server or proxy refusing it) held pods wait
 for the next step, as before.
 
+On a node whose kubelet is dead (``Ready`` not ``True``) a pod evicted earlier stays terminating
+forever; one whose ``deletionTimestamp`` is older than ``skip_wait_for_delete_timeout_seconds``
+(``kubernetes.drain_skip_wait_for_delete_timeout_seconds``) counts as gone (kubectl drain's
+``--skip-wait-for-delete-timeout``), so the drain can finish.
+
 A step holds no state: what to do follows from the pods on the node now, so a restarted controller
 calls it again and resumes; evicted pods are terminating or gone and are not evicted twice.
 """
@@ -283,13 +288,13 @@ class Outcome(StrEnum):
     ERROR = "error"
 
 
-def _status_causes(exc: ApiException) -> list[str]:
+def _status_causes(body: object) -> list[str]:
     """The ``details.causes[].reason`` of a Status body (empty when the body is not a Status)."""
     try:
-        body = json.loads(exc.body or "{}")
+        status = json.loads(body) if isinstance(body, str | bytes) else None
     except ValueError:
         return []
-    details = body.get("details") if isinstance(body, dict) else None
+    details = status.get("details") if isinstance(status, dict) else None
     causes = details.get("causes") if isinstance(details, dict) else None
     return [str(c.get("reason")) for c in causes or [] if isinstance(c, dict)]
 
@@ -301,6 +306,12 @@ def retry_after(exc: ApiException) -> float | None:
         return max(0.0, float(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def is_budget_block(body: object) -> bool:
+    """Whether a 429's Status body names the cause ``DisruptionBudget`` (kube-apiserver's
+    ``createTooManyRequestsError``); a 429 without it is rate limiting (priority and fairness)."""
+    return "DisruptionBudget" in _status_causes(body)
 
 
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
@@ -319,9 +330,9 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
         except ApiException as exc:
             if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
                 return Outcome.GONE, ""
-            if exc.status == 403 and "NamespaceTerminating" in _status_causes(exc):
+            if exc.status == 403 and "NamespaceTerminating" in _status_causes(exc.body):
                 return Outcome.GONE, ""  # kubectl: the namespace controller deletes it; wait for that
-            if exc.status == 429 and "DisruptionBudget" in _status_causes(exc):
+            if exc.status == 429 and is_budget_block(exc.body):
                 return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
             if exc.status == 429:
                 wait = retry_after(exc)
@@ -351,6 +362,24 @@ def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: fl
     return Outcome.EVICTED, ""
 
 
+def still_present(pods: list[k8s.V1Pod], now: datetime, skip_wait_seconds: float | None) -> list[k8s.V1Pod]:
+    """``pods`` without those that count as gone: when ``skip_wait_seconds`` is set (the node is not
+    Ready), pods terminating longer than that (their kubelet will never confirm)."""
+    if skip_wait_seconds is None or skip_wait_seconds <= 0:
+        return pods
+    limit = timedelta(seconds=skip_wait_seconds)
+    kept = []
+    for pod in pods:
+        since = metadata_of(pod).deletion_timestamp
+        if since is not None and now - since >= limit:
+            log.warning(
+                "drain: %s terminating since %s on a NotReady node: counted as gone", pod_key(pod), since
+            )
+            continue
+        kept.append(pod)
+    return kept
+
+
 def plan(core: k8s.CoreV1Api, node: str, *, options: DrainOptions, request_timeout: float) -> DrainReport:
     """What a drain step would do now; evicts nothing. ``evicted`` lists the pods it would evict."""
     p = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
@@ -374,20 +403,26 @@ def drain_step(
     now: datetime,
     options: DrainOptions,
     request_timeout: float,
+    node_ready: bool = True,
+    skip_wait_for_delete_timeout_seconds: float = 300.0,
 ) -> DrainReport:
     """Evict what can be evicted now; see the module docstring for every rule.
 
     Args:
         started_at, now: aware datetimes; the deadline is ``started_at + options.timeout_seconds``.
+        node_ready: the node's ``Ready`` condition is ``True``; when not, pods terminating longer
+            than ``skip_wait_for_delete_timeout_seconds`` count as gone (0 = wait forever).
 
     Returns:
         ``done`` when no pod is left to evict or wait for; ``refused`` (nothing evicted) when a
-        filter refuses pods; ``blocked`` with ``blocked_pods`` and ``budgets`` past the deadline.
+        filter refuses pods; ``blocked`` with ``blocked_pods`` and ``budgets`` past the deadline,
+        or at once when several budgets match a pod (HTTP 500).
 
     Raises:
         KubernetesError: listing pods or budgets failed (evictions' own failures are in ``errors``).
     """
-    pods = list_node_pods(core, node, request_timeout=request_timeout)
+    skip_wait = None if node_ready else skip_wait_for_delete_timeout_seconds
+    pods = still_present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait)
     p = classify(pods, options)
     if p.refused:
         log.warning("drain of %s refused: %s", node, p.refused)
@@ -425,7 +460,8 @@ def drain_step(
                 elif outcome is Outcome.ERROR:
                     errors[pod_key(x)] = message
                 elif outcome is Outcome.RATE_LIMITED:
-                    log.info("drain %s: %s %s; next step", node, pod_key(x), message)  # not a budget block
+                    # Not a budget block and not an error: left on the node for the next step.
+                    log.info("drain %s: %s %s; next step", node, pod_key(x), message)
                 elif outcome is Outcome.SEVERAL_BUDGETS:
                     several.append(x)  # refused whatever we wait for
                 elif outcome is Outcome.BUDGET and len(budgets.matching.get(pod_key(x), ())) == 1:
@@ -461,10 +497,12 @@ def drain_step(
     if past_deadline:
         blocked_pods += p.waiting  # still terminating at the deadline: reported, never force-deleted
         blocked_pods += list(errors)  # failing evictions (e.g. 403) end the drain instead of looping
-    after = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
+    after = classify(
+        still_present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait), options
+    )
     remaining = sorted({*(pod_key(x) for x in after.evict), *after.waiting, *after.refused})
-    # Several budgets on one pod block the drain at once: waiting cannot change the answer.
-    blocked = (past_deadline or bool(several)) and bool(blocked_pods)
+    # Pods several budgets match can never be evicted: blocked now, not at the deadline in an hour.
+    blocked = (past_deadline and bool(blocked_pods)) or bool(several)
     if blocked:
         log.warning(
             "drain of %s blocked at its deadline: pods %s, budgets %s", node, blocked_pods, budgets_names

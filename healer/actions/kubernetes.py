@@ -54,6 +54,7 @@ from healer.model.node import (
     OwnershipKeys,
     TaintEffect,
     human_uncordoned,
+    pool_of,
 )
 from healer.model.states import ActionStatus
 
@@ -66,6 +67,8 @@ CONFLICT_ATTEMPTS = 2
 EVENT_NOTE_MAX = 1024
 #: Node Events live in "default", as the kubelet records them.
 EVENT_NAMESPACE = "default"
+#: The extended resource the NVIDIA device plugin advertises.
+GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def make_api_client(settings: KubernetesSettings) -> k8s.ApiClient:
@@ -126,6 +129,7 @@ def node_view(node: k8s.V1Node) -> NodeView:
         resource_version=meta.resource_version or "",
         condition_details=details,
         taint_added=added,
+        gpus=_gpus(node),
     )
 
 
@@ -137,6 +141,17 @@ def event_name(regarding: str) -> str:
     """
     suffix = f".{time.time_ns():x}"
     return regarding[: 253 - len(suffix)] + suffix
+
+
+def _gpus(node: k8s.V1Node) -> int | None:
+    """Allocatable ``nvidia.com/gpu`` (0 when the node reports allocatable without it)."""
+    allocatable = node.status.allocatable if node.status else None
+    if not allocatable:
+        return None
+    try:
+        return int(str(allocatable.get(GPU_RESOURCE, "0")))
+    except ValueError:
+        return None
 
 
 def _utc_iso(at: datetime) -> str:
@@ -187,18 +202,19 @@ class KubernetesNodeActions:
         return node_view(self._read(name))
 
     def node_pools(self) -> dict[str, str]:
-        """Every node in the cluster → its pool (the ``pool_label`` value, ``default`` without one).
+        """Every node in the cluster → its pool (:func:`~healer.model.node.pool_of`: ``pool_label``,
+        then ``pool_fallback_labels``, then ``default`` for GPU nodes and ``no-gpu`` for the rest).
 
         Sizes the remediation budget's percentage and the circuit breaker's fleet (one list call).
         """
         with api_call("list nodes"):
             nodes = self.core.list_node(_request_timeout=self._timeout)
-        label = self.settings.pool_label
+        labels = (self.settings.pool_label, *self.settings.pool_fallback_labels)
         pools: dict[str, str] = {}
         for n in nodes.items:
             meta = n.metadata
             if meta is not None and meta.name:
-                pools[meta.name] = (meta.labels or {}).get(label) or "default"
+                pools[meta.name] = pool_of(meta.labels or {}, _gpus(n), pool_labels=labels)
         return pools
 
     def human_uncordoned(self, name: str) -> bool:
@@ -385,6 +401,8 @@ class KubernetesNodeActions:
             now=now,
             options=options,
             request_timeout=self._timeout,
+            node_ready=view.conditions.get("Ready", "True") == "True",
+            skip_wait_for_delete_timeout_seconds=self.settings.drain_skip_wait_for_delete_timeout_seconds,
         )
 
     def plan_drain(self, name: str, *, options: DrainOptions) -> DrainReport:

@@ -15,11 +15,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.actions.base import NodeActions
+from healer.controller import sticky_values
 from healer.engine import lifecycle as lc
 from healer.errors import KubernetesError, KubernetesNotFound
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding, TickFindings
-from healer.model.node import NodeView, OwnershipKeys
+from healer.model.node import DEFAULT_POOL, NodeView, OwnershipKeys, pool_of
 from healer.model.states import NodeState, TicketStatus
 from healer.ruleset.schema import DrainAction
 from healer.store import nodes as repo
@@ -56,9 +57,13 @@ class Labels:
     domain: str
     opt_out_label: str
     pool_label: str
+    pool_fallback_labels: tuple[str, ...] = ()
 
     def pool(self, view: NodeView | None) -> str:
-        return "default" if view is None else view.labels.get(self.pool_label, "default")
+        """The node's pool (:func:`~healer.model.node.pool_of`); ``default`` when not read."""
+        if view is None:
+            return DEFAULT_POOL
+        return pool_of(view.labels, view.gpus, pool_labels=(self.pool_label, *self.pool_fallback_labels))
 
     def opted_out(self, view: NodeView | None) -> bool:
         return view is not None and view.labels.get(self.opt_out_label, "").lower() == "true"
@@ -95,9 +100,11 @@ def observe(
     now: datetime,
     drain_due: bool = False,
     drain: DrainReport | None = None,
+    sticky_rules: frozenset[str] = frozenset(),
 ) -> Observation:
     """The node's facts now. A non-healthy node without an open incident gets one (its record needs
-    one); the node's unattached findings are hung on the open incident."""
+    one); the node's unattached findings are hung on the open incident. Findings of ``sticky_rules``
+    still at their value seen at repair time are left out (:mod:`healer.engine.sticky`)."""
     view = seen.view
     node = repo.get_or_create_node(session, name, now=now, pool=labels.pool(view))
     if view is not None:
@@ -107,12 +114,16 @@ def observe(
         incident = repo.ensure_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
     if incident is not None:
         repo.attach_findings(session, node, incident)
+    firing: tuple[Finding, ...] = ()
+    pending: tuple[Finding, ...] = ()
+    if findings is not None:
+        firing, pending = sticky_values.current(session, node, incident, findings, sticky_rules)
     facts = lc.NodeFacts(
         name=node.name,
         state=NodeState(node.state),
         incident=_incident_facts(session, incident),
-        firing=tuple(findings.firing.get(name, ())) if findings else (),
-        pending=tuple(findings.pending.get(name, ())) if findings else (),
+        firing=firing,
+        pending=pending,
         unknown=bool(findings and name in findings.unknown),
         frozen_rules=findings.frozen_rules if findings else frozenset(),
         view=view,

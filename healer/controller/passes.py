@@ -21,16 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
 from healer.config import Settings
 from healer.controller import fleet as fleet_facts
+from healer.controller import sticky_values
 from healer.controller.backoff import Backoff
 from healer.controller.observe import Labels, Seen, read
 from healer.controller.reconcile import NodeOutcome, Reconciler
 from healer.engine import safety
+from healer.engine import sticky as engine_sticky
 from healer.model.findings import TickFindings
 from healer.model.states import ActionStatus, NodeState
 from healer.ruleset.schema import RuleSet
@@ -76,7 +78,12 @@ def _reconciler(
         rules=rules,
         actions=actions,
         sessions=sessions,
-        labels=Labels(domain=k.domain, opt_out_label=k.opt_out_label, pool_label=k.pool_label),
+        labels=Labels(
+            domain=k.domain,
+            opt_out_label=k.opt_out_label,
+            pool_label=k.pool_label,
+            pool_fallback_labels=tuple(k.pool_fallback_labels),
+        ),
         now=now,
         actor=actor,
         recovery_hold_seconds=hold,
@@ -133,7 +140,7 @@ def remediate(
         now: the tick's time (aware UTC).
         actor: who the transitions and actions are recorded as.
         fleet: node → pool of every node in the cluster, when known (sizes the budget's % and the
-            breaker's %); otherwise the nodes healer has recorded.
+            breaker's %, both per pool); otherwise the nodes healer has recorded.
         recovery_hold_seconds: how long a validating node must stay clear before it is handed
             back, counted from when its last finding resolved (after the rule's ``keep_firing_for``);
             default ``settings.safety.recovery_hold_seconds``.
@@ -165,13 +172,20 @@ def remediate(
         states: dict[str, str] = {name: st for name, st in rows}
         paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
         breaker_row = repo.get_switch(session, repo.SWITCH_BREAKER)
-        fleet_size = len(fleet) if fleet else session.scalar(select(func.count(Node.id))) or 0
+        node_pools = (
+            dict(fleet) if fleet else dict(session.execute(select(Node.name, Node.pool)).tuples().all())
+        )
+        fleet_size = len(node_pools)
+        sticky_rules = sticky_values.sticky_rule_names(rules)
+        baselines = sticky_values.baselines(session, findings)
+        current = engine_sticky.discount_tick(findings, baselines, sticky_rules)
         verdict = safety.breaker(
-            turned_bad=fleet_facts.turned_bad(findings, rules),
+            turned_bad=fleet_facts.turned_bad(current, rules),
             fleet_size=fleet_size,
             settings=limits,
             now=now,
             reset_at=fleet_facts.parse_time(breaker_row.get("reset_at")),
+            pools=node_pools,
         )
         tripped = bool(breaker_row.get("tripped"))
         if not tripped and verdict.trip:
@@ -182,6 +196,9 @@ def remediate(
                 "tripped_at": now.isoformat(),
                 "held": [],
                 "nodes": list(verdict.nodes),
+                "pool": verdict.pool,
+                "pool_nodes": verdict.fleet_size,  # the denominator of the percentage
+                "bad_nodes": verdict.count,
             }
             repo.set_switch(session, repo.SWITCH_BREAKER, breaker_row, now=now, by=actor)
             repo.record_action(

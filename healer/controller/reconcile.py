@@ -27,6 +27,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.controller import sticky_values
 from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.observe import Labels, Observation, Seen, observe
 from healer.controller.record import Recorder
@@ -95,6 +96,7 @@ class Reconciler:
         self.ctx = lc.Context(
             rules=self.rules, now=self.now, recovery_hold_seconds=self.recovery_hold_seconds
         )
+        self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self.record = Recorder(
             actor=self.actor, now=self.now, audited=self.actions.status == ActionStatus.DRY_RUN
         )
@@ -167,6 +169,7 @@ class Reconciler:
                 now=self.now,
                 drain_due=drain_due,
                 drain=report,
+                sticky_rules=self.sticky_rules,
             )
             wanted = lc.notices(obs.facts, self.ctx) if notices else []
             approved, state = self._judge_notices(session, obs, wanted, state)

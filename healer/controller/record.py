@@ -177,6 +177,7 @@ class Recorder:
             detail["evicted"] = sorted(set(detail.get("evicted", [])) | set(report.evicted))
             detail["remaining"] = list(report.remaining)
             detail["kept"] = list(report.kept)
+            detail["errors"] = dict(report.errors)  # pod -> why its eviction failed this round (retried)
             if report.deleted:
                 detail["deleted"] = sorted(set(detail.get("deleted", [])) | set(report.deleted))
             if report.done:

@@ -11,7 +11,11 @@
        └──────────────────────────────────────── validating <──── repaired
 
     blocked   a step was refused (budget, breaker) or a drain could not finish (PodDisruptionBudget
-              past the deadline, pods kubectl refuses to drain); the reason is recorded
+              past the deadline, pods kubectl refuses to drain); the reason is recorded. A blocked
+              drain asks for the rule's ticket at once (naming the pods and budgets); its
+              resolution moves the node on to repaired
+    awaiting_repair with no ticket (a rule that only quarantines): validating once the findings
+              clear, so every quarantine has a way out
     released  a human uncordoned (or cordoned) a node healer held: hands off until the findings
               clear; the next firing opens a new incident
     unknown   no data (exporter down or stale) or the node was deleted: neither healthy nor faulty
@@ -556,11 +560,14 @@ def _drain_blocked(f: NodeFacts, c: Context) -> Step:
         pods = ", ".join(report.blocked_pods) or "(none named)"
         budgets = ", ".join(report.budgets) or "(none named)"
         reason = f"drain blocked past its deadline: pods {pods}; PodDisruptionBudgets {budgets}"
+    # Escalate: the rule's ticket goes out now, naming the pods and budgets (the ticket's payload
+    # reads them from the drain's record), so a blocked drain never strands the node unseen.
+    tickets = _ticket_effects(c.rule(f.incident.rule if f.incident else None))
     return Step(
-        StepKind.RECORD,
+        StepKind.TICKET if tickets else StepKind.RECORD,
         NodeState.BLOCKED,
         reason,
-        effects=(Event("HealerDrainBlocked", reason),),
+        effects=(Event("HealerDrainBlocked", reason), *tickets),
         memory=Memory(blocked_step="drain"),
         already_out=True,
         row="drain blocked",
@@ -601,11 +608,29 @@ def _failed_validation(f: NodeFacts, c: Context) -> Step | None:
 
 
 def _validation_interrupted(f: NodeFacts, c: Context) -> bool:
+    # Only observed clear time counts: a frozen rule (query failed, Prometheus down) or a node with
+    # no data is not clear, so the hold starts again once data is back.
     return (
         f.incident is not None
         and f.incident.clear_since is not None
-        and (bool(_concerning(f, c)) or f.unknown)
+        and (bool(_concerning(f, c)) or f.unknown or bool(f.frozen_rules))
     )
+
+
+def _no_ticket_and_clear(f: NodeFacts, c: Context) -> bool:
+    """The incident asked no provider for a repair (a quarantine-only rule) and its findings are
+    clear: healer's own hold is the only thing keeping the node out of service."""
+    inc = f.incident
+    return inc is not None and inc.ticket is None and _clear(f, c)
+
+
+def _validate_without_repair(f: NodeFacts, c: Context) -> Step:
+    reason = "findings cleared and no ticket was asked for: validating before return to service"
+    return replace(_to_validating(f, c), reason=reason, row="cleared, no ticket")
+
+
+def _ticket_resolved(f: NodeFacts, c: Context) -> bool:
+    return f.incident is not None and f.incident.ticket == TicketStatus.RESOLVED
 
 
 def _restart_clock(f: NodeFacts, c: Context) -> Step:
@@ -715,10 +740,11 @@ TABLE: tuple[Row, ...] = (
             StepKind.DRAIN, None, "drain step", effects=(DrainStep(),), already_out=True, row="drain step"
         ),
     ),
+    Row("cleared, no ticket", _s(NodeState.AWAITING_REPAIR), _no_ticket_and_clear, _validate_without_repair),
     Row(
         "repaired",
         _s(NodeState.AWAITING_REPAIR),
-        lambda f, c: f.incident is not None and f.incident.ticket == TicketStatus.RESOLVED,
+        _ticket_resolved,
         lambda f, c: Step(
             StepKind.RECORD,
             NodeState.REPAIRED,
@@ -742,6 +768,18 @@ TABLE: tuple[Row, ...] = (
         _start_clock,
     ),
     Row("return to service", _s(NodeState.VALIDATING), _hold_done, _return_to_service),
+    Row(
+        "repaired while blocked",
+        _s(NodeState.BLOCKED),
+        lambda f, c: not _blocked_before_touching(f, c) and _ticket_resolved(f, c),
+        lambda f, c: Step(
+            StepKind.RECORD,
+            NodeState.REPAIRED,
+            "ticket resolved by the provider while the drain was blocked",
+            already_out=True,
+            row="repaired while blocked",
+        ),
+    ),
     Row(
         "cleared while blocked",
         _s(NodeState.BLOCKED),

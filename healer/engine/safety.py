@@ -23,8 +23,10 @@ the pool, rounded down as Cluster API does, whichever is smaller. Nodes already 
 same tick count.
 
 The circuit breaker (NVSentinel's: % of the fleet within a sliding window, plus an absolute count)
-trips when more than ``breaker_nodes`` nodes, or more than ``breaker_percent`` % of the fleet,
-turned bad (a quarantining rule started firing) within ``breaker_window_seconds``. An exporter bug
+trips when more than ``breaker_nodes`` nodes, or more than ``breaker_percent`` % of one pool (and at
+least ``breaker_min_nodes`` of its nodes), turned bad (a quarantining rule started firing) within
+``breaker_window_seconds``. The percentage is of the pool, not of the cluster: CPU nodes never
+dilute a GPU pool, and the floor keeps one bad node in a pool of four from tripping it. An exporter bug
 or a cooling failure looks like that, and cordoning half a cluster makes it worse. It holds until a
 human resets it (``healer breaker reset``); nodes that turned bad before the reset do not trip it
 again, so the reset re-evaluates them one by one against the budget.
@@ -215,9 +217,23 @@ def judge(req: Request, state: SafetyState) -> tuple[Decision, SafetyState]:
 
 
 @dataclass(frozen=True)
+class PoolBreaker:
+    """One pool's share of the breaker: ``count`` of its ``size`` nodes turned bad in the window."""
+
+    pool: str
+    count: int
+    size: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.count / max(self.size, self.count, 1)
+
+
+@dataclass(frozen=True)
 class BreakerVerdict:
-    """Whether the breaker trips now: ``count`` nodes (``percent`` % of ``fleet_size``) turned bad
-    within the window; ``nodes`` names them."""
+    """Whether the breaker trips now: ``count`` nodes turned bad within the window; ``percent`` is
+    the worst pool's share, of ``fleet_size`` nodes (that pool's size: the denominator shown);
+    ``pool`` names it (None when judged over one undivided fleet); ``nodes`` names the bad nodes."""
 
     trip: bool
     count: int
@@ -225,6 +241,16 @@ class BreakerVerdict:
     fleet_size: int
     nodes: tuple[str, ...]
     reason: str
+    pool: str | None = None
+    pools: tuple[PoolBreaker, ...] = ()
+
+
+def breaker_trips_at(pool_size: int, settings: SafetyLimits) -> int:
+    """How many nodes of a pool of ``pool_size`` turning bad within the window trip the breaker
+    (the smaller of the absolute count and the pool's percentage, never under the floor)."""
+    by_count = settings.breaker_nodes + 1
+    by_percent = math.floor(pool_size * settings.breaker_percent / 100.0 + 1e-9) + 1
+    return min(by_count, max(settings.breaker_min_nodes, by_percent))
 
 
 def breaker(
@@ -234,24 +260,57 @@ def breaker(
     settings: SafetyLimits,
     now: datetime,
     reset_at: datetime | None = None,
+    pools: Mapping[str, str] | None = None,
 ) -> BreakerVerdict:
     """Count nodes that turned bad (``turned_bad``: node → when its quarantining finding fired)
-    within ``breaker_window_seconds`` before ``now``, and after the last reset; trip when more than
-    ``breaker_nodes`` of them, or more than ``breaker_percent`` % of ``fleet_size`` nodes."""
+    within ``breaker_window_seconds`` before ``now``, and after the last reset.
+
+    It trips when more than ``breaker_nodes`` of them turned bad (all pools together), or when in
+    one pool more than ``breaker_percent`` % of the pool's nodes did and at least
+    ``breaker_min_nodes`` of them (the floor: in a pool of 4, one bad node is 25 % but never trips).
+
+    ``pools`` maps every node of the cluster to its pool (the denominators); without it the fleet is
+    one pool of ``fleet_size`` nodes. A bad node missing from ``pools`` counts in pool ``default``.
+    """
     since = now - timedelta(seconds=settings.breaker_window_seconds)
     if reset_at is not None and reset_at > since:
         since = reset_at
     nodes = tuple(sorted(n for n, at in turned_bad.items() if since <= at <= now))
     count = len(nodes)
-    size = max(fleet_size, count, 1)
-    percent = 100.0 * count / size
+    if pools is None:
+        shares = [PoolBreaker("", count, max(fleet_size, count, 1))]
+    else:
+        sizes: dict[str, int] = {}
+        for pool in pools.values():
+            sizes[pool] = sizes.get(pool, 0) + 1
+        bad: dict[str, int] = {}
+        for n in nodes:
+            pool = pools.get(n, "default")
+            bad[pool] = bad.get(pool, 0) + 1
+        shares = sorted(
+            (PoolBreaker(p, c, max(sizes.get(p, 0), c)) for p, c in bad.items()),
+            key=lambda s: (-s.percent, s.pool),
+        ) or [PoolBreaker("", 0, max(len(pools), 1))]
+    worst = max(shares, key=lambda s: (s.count >= settings.breaker_min_nodes, s.percent))
     over_count = count > settings.breaker_nodes
-    over_percent = percent > settings.breaker_percent
+    over_percent = worst.count >= settings.breaker_min_nodes and worst.percent > settings.breaker_percent
     reason = ""
     if over_count or over_percent:
+        where, limit = "", f"limit {settings.breaker_nodes} node(s) or {settings.breaker_percent:g}%"
+        if worst.pool:
+            where = f", {worst.count} of pool {worst.pool}'s {worst.size} node(s)"
+            limit += f" of a pool (at least {settings.breaker_min_nodes} node(s))"
         reason = (
-            f"{count} node(s) ({percent:.0f}% of {size}) turned bad within "
-            f"{settings.breaker_window_seconds:g} s; limit {settings.breaker_nodes} node(s) or "
-            f"{settings.breaker_percent:g}%"
+            f"{count} node(s) ({worst.percent:.0f}% of {worst.size}) turned bad within "
+            f"{settings.breaker_window_seconds:g} s{where}; {limit}"
         )
-    return BreakerVerdict(over_count or over_percent, count, percent, size, nodes, reason)
+    return BreakerVerdict(
+        over_count or over_percent,
+        count,
+        worst.percent,
+        worst.size,
+        nodes,
+        reason,
+        pool=worst.pool or None,
+        pools=tuple(s for s in shares if s.pool),
+    )

@@ -24,7 +24,8 @@ class SafetyLimits:
 
     ``max_unhealthy``: nodes per pool out of service at once (count); ``max_unhealthy_percent``:
     the same as % of the pool, rounded down; ``breaker_nodes``/``breaker_percent``: the breaker
-    trips when more nodes (or more % of the fleet) turned bad within ``breaker_window_seconds``.
+    trips when more nodes (or more % of one pool, counting at least ``breaker_min_nodes`` nodes)
+    turned bad within ``breaker_window_seconds``.
     """
 
     max_unhealthy: int = 2
@@ -32,4 +33,5 @@ class SafetyLimits:
     breaker_nodes: int = 5
     breaker_percent: float = 20.0
     breaker_window_seconds: float = 300.0
+    breaker_min_nodes: int = 3
     maintenance_windows: tuple[MaintenanceWindow, ...] = ()

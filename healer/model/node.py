@@ -38,6 +38,24 @@ class NodeView:
     resource_version: str = ""
     condition_details: dict[str, Condition] = field(default_factory=dict)
     taint_added: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, effect) -> timeAdded
+    gpus: int | None = None  # allocatable nvidia.com/gpu; None = not known
+
+
+#: The pool of nodes with no pool label that have no GPU (kept apart from GPU nodes, so CPU nodes
+#: never dilute a GPU pool's budget or breaker percentage).
+NO_GPU_POOL = "no-gpu"
+#: The pool of GPU nodes (or nodes of unknown capacity) with no pool label.
+DEFAULT_POOL = "default"
+
+
+def pool_of(labels: dict[str, str], gpus: int | None, *, pool_labels: tuple[str, ...]) -> str:
+    """A node's pool: the value of the first of ``pool_labels`` it carries; without any,
+    ``default`` for a GPU node (or one of unknown capacity) and ``no-gpu`` for a node without GPUs."""
+    for label in pool_labels:
+        value = labels.get(label)
+        if value:
+            return value
+    return DEFAULT_POOL if gpus is None or gpus > 0 else NO_GPU_POOL
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,15 @@ class Rule(_Strict):
     unit: str | None = Field(
         None, max_length=100, description="Unit of the expression's value, for evidence (e.g. 'degrees C')."
     )
+    sticky: bool = Field(
+        False,
+        description=(
+            "The expression reads a gauge that keeps its last value until the exporter restarts "
+            "(dcgm-exporter's DCGM_FI_DEV_XID_ERRORS): after a repair, a series still at the value "
+            "seen at repair time is old evidence and neither fails validation nor re-opens the node; "
+            "a new value (or a new series) does."
+        ),
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     actions: list[Annotated[Action, BeforeValidator(_normalise_action)]] = Field(default_factory=list)

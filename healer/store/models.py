@@ -54,6 +54,8 @@ class Node(Base):
     opted_out: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    # Sticky gauges (healer.engine.sticky): series key → value seen when the last repair was accepted.
+    sticky_values: Mapped[dict[str, Any] | None]
 
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
 

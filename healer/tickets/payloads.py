@@ -20,6 +20,8 @@ The context (payload version :data:`~healer.tickets.templates.PAYLOAD_VERSION`):
     findings          [{"rule", "gpu", "severity", "value", "unit", "labels", "since", "fired_at",
                        "summary"}]  value is a number, "NaN", "+Inf", "-Inf" or null
     rules             sorted rule names
+    drain             null, or when the node's drain is blocked: {"blocked_pods": [...],
+                      "budgets": [...] (PodDisruptionBudgets "namespace/name"), "refused": {pod: why}}
     escalated         bool
     escalation        {"escalated", "window_days", "reason", "previous": [{"kind": "node"|"gpu",
                        "gpu", "incident_id", "node", "closed_at", "close_reason"}]}
@@ -36,8 +38,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.engine.labels import gpu_index
+from healer.model.states import ActionStatus
+from healer.store.models import Action, Gpu, Incident, Node, Ticket
 from healer.store.models import Finding as FindingRow
-from healer.store.models import Gpu, Incident, Node, Ticket
 from healer.tickets.templates import PAYLOAD_VERSION
 
 _SEVERITY_RANK = {"critical": 3, "error": 3, "warning": 2, "info": 1}
@@ -170,6 +173,27 @@ def decide_escalation(
     }
 
 
+def blocked_drain(session: Session, incident: Incident) -> dict[str, Any] | None:
+    """The incident's blocked drain, from its drain action row: the pods still there, the
+    PodDisruptionBudgets that hold them and pods kubectl would refuse; None when not blocked."""
+    row = session.scalar(
+        select(Action)
+        .where(
+            Action.incident_id == incident.id, Action.kind == "drain", Action.status == ActionStatus.BLOCKED
+        )
+        .order_by(Action.id.desc())
+        .limit(1)
+    )
+    if row is None:
+        return None
+    detail = row.detail or {}
+    return {
+        "blocked_pods": list(detail.get("blocked_pods") or []),
+        "budgets": list(detail.get("budgets") or []),
+        "refused": dict(detail.get("refused") or {}),
+    }
+
+
 def build_context(
     session: Session,
     *,
@@ -196,6 +220,14 @@ def build_context(
     if escalation.get("escalated"):
         title = "REPEAT " + title
     lines = [f"{f['rule']}: {f['summary']}" if f.get("summary") else f["rule"] for f in findings]
+    drain = blocked_drain(session, incident)
+    if drain is not None:
+        lines.append(
+            "drain blocked: pods "
+            + (", ".join([*drain["blocked_pods"], *drain["refused"]]) or "(none named)")
+            + "; PodDisruptionBudgets "
+            + (", ".join(drain["budgets"]) or "(none named)")
+        )
     return {
         "version": PAYLOAD_VERSION,
         "idempotency_key": idempotency_key,
@@ -222,6 +254,7 @@ def build_context(
         "gpus": gpus,
         "findings": findings,
         "rules": rules,
+        "drain": drain,
         "escalated": bool(escalation.get("escalated")),
         "escalation": escalation,
     }

@@ -33,6 +33,8 @@ RULES = RuleSet(
                     name="EccNotice", expr="y > 0", severity="info", actions=[{"notify": {"message": "ECC"}}]
                 ),
                 Rule(name="NeedsTicket", expr="z > 0", actions=["ticket"]),
+                Rule(name="QuarantineOnly", expr="q > 0", actions=["quarantine"]),
+                Rule(name="DrainNoTicket", expr="d > 0", actions=["quarantine", "drain"]),
             ],
         ),
     )
@@ -247,7 +249,7 @@ CASES = [
         ),
         "drain blocked",
         NodeState.BLOCKED,
-        ["Event"],
+        ["Event", "RequestTicket"],  # the rule's ticket escalates the blocked drain at once
     ),
     (
         "draining, pods kubectl refuses → blocked",
@@ -259,7 +261,7 @@ CASES = [
         ),
         "drain blocked",
         NodeState.BLOCKED,
-        ["Event"],
+        ["Event", "RequestTicket"],
     ),
     (
         "awaiting repair, ticket resolved → repaired",
@@ -333,7 +335,7 @@ CASES = [
             frozen_rules=frozenset({"XidFatal"}),
             view=CORDONED,
         ),
-        None,
+        "hold interrupted",  # only observed clear time counts: the hold starts again with the data
         None,
         [],
     ),
@@ -380,6 +382,78 @@ CASES = [
         facts(NodeState.BLOCKED, incident=incident(blocked_step="quarantine")),
         "cleared while blocked",
         NodeState.HEALTHY,
+        [],
+    ),
+    (
+        "draining, PodDisruptionBudget past the deadline, rule without a ticket → blocked, Event",
+        facts(
+            NodeState.DRAINING,
+            incident=replace(HELD, rule="DrainNoTicket"),
+            view=CORDONED,
+            drain=DrainReport(done=False, blocked=True, blocked_pods=("inf/web-0",), budgets=("inf/web",)),
+        ),
+        "drain blocked",
+        NodeState.BLOCKED,
+        ["Event"],
+    ),
+    (
+        "blocked drain, its ticket resolved → repaired",
+        facts(
+            NodeState.BLOCKED,
+            incident=replace(HELD, blocked_step="drain", ticket=TicketStatus.RESOLVED),
+            view=CORDONED,
+        ),
+        "repaired while blocked",
+        NodeState.REPAIRED,
+        [],
+    ),
+    (
+        "blocked drain, ticket still open → waits",
+        facts(
+            NodeState.BLOCKED,
+            incident=replace(HELD, blocked_step="drain", ticket=TicketStatus.IN_PROGRESS),
+            view=CORDONED,
+        ),
+        None,
+        None,
+        [],
+    ),
+    (
+        "awaiting repair without a ticket (quarantine-only rule), findings clear → validating",
+        facts(NodeState.AWAITING_REPAIR, incident=replace(HELD, rule="QuarantineOnly"), view=CORDONED),
+        "cleared, no ticket",
+        NodeState.VALIDATING,
+        [],
+    ),
+    (
+        "awaiting repair without a ticket, still firing → stays",
+        facts(
+            NodeState.AWAITING_REPAIR,
+            incident=replace(HELD, rule="QuarantineOnly"),
+            firing=(finding("QuarantineOnly"),),
+            view=CORDONED,
+        ),
+        None,
+        None,
+        [],
+    ),
+    (
+        "awaiting repair without a ticket, a rule frozen → stays (no data is not clear)",
+        facts(
+            NodeState.AWAITING_REPAIR,
+            incident=replace(HELD, rule="QuarantineOnly"),
+            frozen_rules=frozenset({"QuarantineOnly"}),
+            view=CORDONED,
+        ),
+        None,
+        None,
+        [],
+    ),
+    (
+        "awaiting repair, ticket sent → waits for the provider even when clear",
+        facts(NodeState.AWAITING_REPAIR, incident=replace(HELD, ticket=TicketStatus.SENT), view=CORDONED),
+        None,
+        None,
         [],
     ),
     (
