@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, store_sessions
 
 app = typer.Typer(no_args_is_help=True, help="The circuit breaker.")
 
@@ -22,10 +22,9 @@ def breaker_status(
     as_json: Annotated[bool, typer.Option("--json", help="The switch as JSON.")] = False,
 ) -> None:
     """Whether the circuit breaker is tripped, why, and the nodes it holds back."""
-    from healer import wiring
     from healer.store import nodes as repo
 
-    with wiring.sessions(settings_from(ctx))() as session:
+    with store_sessions(ctx)() as session:
         value = repo.get_switch(session, repo.SWITCH_BREAKER)
     if as_json:
         typer.echo(json.dumps(value, sort_keys=True))
@@ -49,7 +48,7 @@ def breaker_reset(ctx: typer.Context) -> None:
     from healer.store.session import transaction
 
     try:
-        with transaction(wiring.sessions(settings_from(ctx))) as session:
+        with transaction(store_sessions(ctx)) as session:
             held = operations.reset_breaker(session, actor=operator_name(), now=wiring.utc_now())
     except operations.OperationError as exc:
         typer.echo(f"error: {exc}", err=True)

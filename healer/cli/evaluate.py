@@ -44,9 +44,8 @@ def evaluate(
     from healer import wiring
     from healer.detection import initial_state, run_detection
     from healer.engine.states import RuleHealth
-    from healer.errors import RuleError
+    from healer.errors import RuleError, StoreError
     from healer.ruleset.loading import load_ruleset
-    from healer.store.session import make_sessionmaker
 
     if not once:
         typer.echo("error: give --once (`healer run` runs the controller loop)", err=True)
@@ -59,15 +58,11 @@ def evaluate(
         raise typer.Exit(2) from exc
     factory = None
     if store:
-        engine = wiring.engine(settings)
-        if not wiring.has_table(engine, "findings"):
-            typer.echo(
-                f"error: no healer schema at {engine.url.render_as_string(hide_password=True)}: "
-                "run `healer db upgrade` (or pass --no-store)",
-                err=True,
-            )
-            raise typer.Exit(2)
-        factory = make_sessionmaker(engine)
+        try:
+            factory = wiring.sessions(settings)
+        except StoreError as exc:
+            typer.echo(f"error: {exc}, or pass --no-store", err=True)
+            raise typer.Exit(2) from exc
     with wiring.prometheus_source(settings) as source:
         result = run_detection(
             ruleset=ruleset,

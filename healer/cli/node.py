@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, store_sessions
 
 app = typer.Typer(no_args_is_help=True, help="Nodes healer remediates.")
 
@@ -28,7 +28,7 @@ def release(
     from healer.store.session import transaction
 
     try:
-        with transaction(wiring.sessions(settings_from(ctx))) as session:
+        with transaction(store_sessions(ctx)) as session:
             operations.release_node(
                 session, node_name=node, actor=operator_name(), now=wiring.utc_now(), reason=reason
             )
@@ -47,11 +47,10 @@ def list_nodes(
     """Nodes healer is remediating (state, since, pool, incident, rule, blocked reason)."""
     from sqlalchemy import select
 
-    from healer import wiring
     from healer.engine.states import NodeState
     from healer.store.models import Incident, Node
 
-    with wiring.sessions(settings_from(ctx))() as session:
+    with store_sessions(ctx)() as session:
         query = (
             select(Node, Incident)
             .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, settings_from, store_sessions
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -20,10 +20,8 @@ app = typer.Typer(no_args_is_help=True, help="Provider tickets.")
 
 
 def _factory(ctx: typer.Context) -> tuple[Settings, sessionmaker[Session]]:
-    from healer import wiring
-
     settings = settings_from(ctx)
-    return settings, wiring.sessions(settings)
+    return settings, store_sessions(ctx, settings)
 
 
 def _when(value: datetime | None) -> str:
