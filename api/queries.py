@@ -36,6 +36,7 @@ from api.schemas import (
     RejectedReload,
     RuleOut,
     RulesOut,
+    SourceOut,
     TicketBrief,
     TicketOut,
     TransitionOut,
@@ -43,6 +44,7 @@ from api.schemas import (
 from healer.config import SafetySettings
 from healer.engine.safety import PoolUsage
 from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
+from healer.model.source_health import SourceHealth
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.models import (
@@ -132,8 +134,28 @@ def _clamp(limit: int) -> int:
 # --- fleet -------------------------------------------------------------------------------------
 
 
+def source_status(session: Session, *, now: datetime, grace_seconds: float) -> SourceOut | None:
+    """Whether Prometheus answered the controller's last queries (the ``source`` switch); None
+    before any tick queried it. ``unready`` once it has failed for more than ``grace_seconds``."""
+    health = SourceHealth.from_switch(repo.get_switch(session, repo.SWITCH_SOURCE))
+    if health is None:
+        return None
+    return SourceOut(
+        ok=health.ok,
+        since=health.since,
+        reason=health.reason,
+        failing_seconds=health.failing_for(now),
+        unready=health.overdue(now, grace_seconds),
+    )
+
+
 def fleet_status(
-    session: Session, *, now: datetime, safety: SafetySettings, ruleset: RuleSet | None
+    session: Session,
+    *,
+    now: datetime,
+    safety: SafetySettings,
+    ruleset: RuleSet | None,
+    source_grace_seconds: float = 60.0,
 ) -> FleetStatus:
     """Counts per state, switches, budget use per pool, last tick and per-rule health."""
     counts = {str(s): 0 for s in NodeState}
@@ -170,6 +192,7 @@ def fleet_status(
         budgets=budgets,
         last_tick=_last_tick(switches.get(repo.SWITCH_LAST_TICK, {}), now=now),
         rules=rules_with_health(session, ruleset=ruleset, now=now),
+        source=source_status(session, now=now, grace_seconds=source_grace_seconds),
     )
 
 

@@ -223,6 +223,20 @@ class LastTick(BaseModel):
     age_seconds: float
 
 
+class SourceOut(BaseModel):
+    """Whether Prometheus could be queried on the last tick that queried it.
+
+    ``failing_seconds``: how long it has failed (0 when ok); ``unready``: for longer than
+    ``prometheus.unavailable_grace_seconds`` (``/readyz`` fails, the dashboard header is red).
+    """
+
+    ok: bool
+    since: datetime
+    reason: str = ""
+    failing_seconds: float = 0.0
+    unready: bool = False
+
+
 class FleetStatus(BaseModel):
     """The fleet at a glance."""
 
@@ -235,6 +249,7 @@ class FleetStatus(BaseModel):
     budgets: list[PoolBudget]
     last_tick: LastTick | None
     rules: list[RuleOut]
+    source: SourceOut | None = None
 
 
 class ReasonIn(BaseModel):
@@ -262,3 +277,4 @@ class ReadyOut(BaseModel):
     last_tick_at: datetime | None
     last_tick_age_seconds: float | None
     leader: bool | None
+    source: SourceOut | None = None

@@ -44,6 +44,11 @@ class PrometheusSettings(_Group):
     )
     verify_tls: bool = True
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. tenant).")
+    unavailable_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="No rule could be queried this long (seconds): /readyz fails, the dashboard turns red.",
+    )
 
 
 class KubernetesSettings(_Group):

@@ -29,8 +29,9 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut}}, summary="Ready")
 def readyz(request: Request) -> Response:
-    """200 when the database answers and a tick (by any replica) finished within three default
-    intervals; 503 with the reasons otherwise.
+    """200 when the database answers, a tick (by any replica) finished within three default
+    intervals, and Prometheus has not been failing for longer than
+    ``prometheus.unavailable_grace_seconds``; 503 with the reasons otherwise.
 
     Leadership is reported but does not make a replica unready: the standby must stay in the
     Service (it serves the dashboard) and in rollouts (an unready standby would stall them).
@@ -40,10 +41,13 @@ def readyz(request: Request) -> Response:
     reasons: list[str] = []
     database = True
     tick = None
+    source = None
+    grace = state.settings.prometheus.unavailable_grace_seconds
     try:
         with state.session_factory() as session:
             session.execute(text("SELECT 1"))
             tick = queries.last_tick(session, now=now)
+            source = queries.source_status(session, now=now, grace_seconds=grace)
     except SQLAlchemyError as exc:
         database = False
         reasons.append(f"database unreachable: {exc.__class__.__name__}")
@@ -52,6 +56,11 @@ def readyz(request: Request) -> Response:
         reasons.append("no tick recorded yet")
     elif tick is not None and tick.age_seconds > limit:
         reasons.append(f"last tick {tick.age_seconds:.0f}s ago (limit {limit:.0f}s)")
+    if source is not None and source.unready:
+        reasons.append(
+            f"prometheus cannot be queried for {source.failing_seconds:.0f}s "
+            f"(grace {grace:.0f}s): {source.reason}"
+        )
     leader = state.leader_provider() if state.leader_provider is not None else None
     body = ReadyOut(
         ready=not reasons,
@@ -60,6 +69,7 @@ def readyz(request: Request) -> Response:
         last_tick_at=tick.at if tick else None,
         last_tick_age_seconds=tick.age_seconds if tick else None,
         leader=leader,
+        source=source,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 

@@ -66,7 +66,13 @@ def fleet(
     cursor: str | None = None,
 ) -> Response:
     """Counts, switches, budgets, rule health and the nodes that are not healthy."""
-    status = queries.fleet_status(session, now=now, safety=settings.safety, ruleset=ruleset)
+    status = queries.fleet_status(
+        session,
+        now=now,
+        safety=settings.safety,
+        ruleset=ruleset,
+        source_grace_seconds=settings.prometheus.unavailable_grace_seconds,
+    )
     flt = queries.NodeFilter(
         states=(state,) if state else (), pool=pool, rule=rule, text=q, unhealthy=not state
     )
@@ -77,6 +83,7 @@ def fleet(
         "fleet.html",
         {
             "status": status,
+            "source": status.source,
             "page": page,
             "filters": filters,
             "states": [str(s) for s in NodeState],
