@@ -7,15 +7,14 @@ refused its PromQL).
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from healer.cli.context import settings_from
+from healer.cli.output import FormatAlias, Output, OutputOption, chosen, emit
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
@@ -23,15 +22,11 @@ if TYPE_CHECKING:
     from healer.engine.findings import Finding
 
 
-class OutputFormat(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-
-
 def evaluate(
     ctx: typer.Context,
     once: Annotated[bool, typer.Option("--once", help="Run one tick and exit (required).")] = False,
-    output: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.TABLE,
+    output: OutputOption = Output.TABLE,
+    format_alias: FormatAlias = None,
     store: Annotated[
         bool,
         typer.Option(
@@ -71,9 +66,7 @@ def evaluate(
             state=initial_state(factory),
             now=wiring.utc_now(),
         )
-    if output == OutputFormat.JSON:
-        typer.echo(json.dumps(as_json(result), indent=2))
-    else:
+    if not emit(as_json(result), chosen(output, format_alias=format_alias)):
         typer.echo(as_table(result))
     healths = {r.health for r in result.reports}
     if RuleHealth.UNAVAILABLE in healths:
