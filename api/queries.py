@@ -386,8 +386,15 @@ def list_nodes(
     return Page[NodeSummary](items=summarize_nodes(session, rows), next_cursor=next_cursor)
 
 
+def shown_state(state: str, *, taint_only: bool) -> str:
+    """The state as a person names it: a node quarantined by a taint alone (not cordoned) is
+    ``tainted``; every other state is shown as stored."""
+    return "tainted" if taint_only and state == NodeState.QUARANTINED else state
+
+
 def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary]:
-    """Summaries of ``nodes`` with their active rules, GPU counts and latest ticket: 3 queries."""
+    """Summaries of ``nodes`` with their active rules, GPU counts, latest ticket and whether a
+    quarantine is by taint alone: 4 queries."""
     if not nodes:
         return []
     ids = [n.id for n in nodes]
@@ -414,11 +421,22 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
         tickets.setdefault(
             t.node_id, TicketBrief(id=t.id, provider=t.provider, status=t.status, external_id=t.external_id)
         )
+    tainted_only = set(
+        session.scalars(
+            select(Incident.node_id).where(
+                Incident.node_id.in_(ids),
+                Incident.closed_at.is_(None),
+                Incident.cordoned_by_healer.is_(False),
+                Incident.expect_unschedulable.is_(False),
+            )
+        )
+    )
     return [
         NodeSummary(
             name=n.name,
             pool=n.pool,
             state=n.state,
+            shown_state=shown_state(n.state, taint_only=n.id in tainted_only),
             state_since=n.state_since,
             opted_out=n.opted_out,
             rules=sorted(rules.get(n.name, ())),

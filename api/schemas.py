@@ -46,6 +46,9 @@ class NodeSummary(BaseModel):
     state: str
     state_since: datetime
     opted_out: bool
+    shown_state: str = Field(
+        "", description="The state named for what happened: 'tainted' for a quarantine by taint alone."
+    )
     rules: list[str] = Field(default_factory=list, description="Rules with a pending or firing finding.")
     affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
     gpu_count: int = 0

@@ -201,6 +201,13 @@ CASES = [
         facts(NodeState.QUARANTINED, incident=HELD, firing=HOT, view=view(owned=True)),
         "human took over",
         NodeState.RELEASED,
+        ["Event", "Release", "SetCondition"],  # the fault still fires: the condition stays False
+    ),
+    (
+        "quarantined, human uncordoned, fault gone → released, hands off",
+        facts(NodeState.QUARANTINED, incident=HELD, view=view(owned=True)),
+        "human took over",
+        NodeState.RELEASED,
         ["Event", "Release"],
     ),
     (
@@ -219,7 +226,7 @@ CASES = [
         facts(NodeState.DRAINING, incident=HELD, firing=HOT, view=view(owned=True)),
         "human took over",
         NodeState.RELEASED,
-        ["Event", "Release"],
+        ["Event", "Release", "SetCondition"],
     ),
     (
         "draining, no report yet → nothing (advance_drains drives it)",
