@@ -530,15 +530,16 @@ def _release_effects(f: NodeFacts, c: Context, what: str) -> tuple[Effect, ...]:
         Event("HealerReleased", f"node {what} by someone else; healer stops remediating it"),
         Release(),
     ]
+    hands_off = f"node {what} by someone else: healer is not remediating it"
     still = [x for x in f.firing if (rule := c.rule(x.rule)) is None or _acting_kinds(rule)]
     if still:
-        effects.append(
-            SetCondition(
-                healthy=False,
-                reason=still[0].rule,
-                message=f"{_message(still[0])}; node {what} by someone else: healer is not remediating it",
-            )
-        )
+        message = f"{_message(still[0])}; {hands_off}"
+        effects.append(SetCondition(healthy=False, reason=still[0].rule, message=message))
+    elif f.incident is not None and f.incident.rule:
+        # The drain pass sees no findings: the fault is taken as still there until a tick shows it
+        # clear ("human's node clear" sets the condition back to True).
+        message = f"rule {f.incident.rule} fired; {hands_off}"
+        effects.append(SetCondition(healthy=False, reason=f.incident.rule, message=message))
     return tuple(effects)
 
 
@@ -833,6 +834,8 @@ TABLE: tuple[Row, ...] = (
             StepKind.RECORD,
             NodeState.HEALTHY,
             "findings cleared after a human took over: a new firing starts a new incident",
+            # The condition said False while the fault fired after the hand-over; now it is true.
+            effects=(SetCondition(healthy=True, reason="FindingsCleared", message="no rule fires any more"),),
             close_incident="findings cleared after a human took over",
             row="human's node clear",
         ),

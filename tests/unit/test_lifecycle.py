@@ -204,11 +204,11 @@ CASES = [
         ["Event", "Release", "SetCondition"],  # the fault still fires: the condition stays False
     ),
     (
-        "quarantined, human uncordoned, fault gone → released, hands off",
+        "quarantined, human uncordoned, no findings seen (drain pass) → released, condition False",
         facts(NodeState.QUARANTINED, incident=HELD, view=view(owned=True)),
         "human took over",
         NodeState.RELEASED,
-        ["Event", "Release"],
+        ["Event", "Release", "SetCondition"],  # until a tick shows the fault clear
     ),
     (
         "taint only, human cordoned → released",
@@ -219,7 +219,7 @@ CASES = [
         ),
         "human took over",
         NodeState.RELEASED,
-        ["Event", "Release"],
+        ["Event", "Release", "SetCondition"],  # not healthy until a tick shows Throttled clear
     ),
     (
         "draining, human uncordon mid-drain → released",
@@ -408,7 +408,7 @@ CASES = [
         facts(NodeState.RELEASED, incident=incident(rule="GpuTooHot")),
         "human's node clear",
         NodeState.HEALTHY,
-        [],
+        ["SetCondition"],  # GpuHealthy back to True: the fault is gone
     ),
     ("healthy, no data → unknown", facts(NodeState.HEALTHY, unknown=True), "no data", NodeState.UNKNOWN, []),
     (
