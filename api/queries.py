@@ -20,8 +20,10 @@ from sqlalchemy import Select, and_, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from api.errors import ApiError
+from api.rendering import format_duration
 from api.schemas import (
     ActionOut,
+    AttentionOut,
     BreakerOut,
     FindingOut,
     FleetStatus,
@@ -384,6 +386,44 @@ def list_nodes(
         key: Any = last.name if sort == "name" else last.state_since.isoformat()
         next_cursor = Cursor(sort=sort, key=key, id=last.id).encode()
     return Page[NodeSummary](items=summarize_nodes(session, rows), next_cursor=next_cursor)
+
+
+#: The fleet page's "Needs attention" list: at most this many nodes.
+ATTENTION_LIMIT = 50
+
+
+def needs_attention(session: Session, *, now: datetime, awaiting_repair_seconds: float) -> list[AttentionOut]:
+    """Nodes needing a person, most urgent first: blocked (with the refusal), awaiting repair for
+    longer than ``awaiting_repair_seconds``, unknown (no data); oldest first within each."""
+    overdue = now - timedelta(seconds=awaiting_repair_seconds)
+    rank = case((Node.state == NodeState.BLOCKED, 0), (Node.state == NodeState.AWAITING_REPAIR, 1), else_=2)
+    rows = list(
+        session.execute(
+            select(Node, Incident.blocked_reason)
+            .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+            .where(
+                or_(
+                    Node.state.in_([str(NodeState.BLOCKED), str(NodeState.UNKNOWN)]),
+                    and_(Node.state == NodeState.AWAITING_REPAIR, Node.state_since < overdue),
+                )
+            )
+            .order_by(rank, Node.state_since, Node.name)
+            .limit(ATTENTION_LIMIT)
+        ).all()
+    )
+    summaries = {s.name: s for s in summarize_nodes(session, [n for n, _ in rows])}
+    out = []
+    for node, blocked in rows:
+        age = format_duration((now - node.state_since).total_seconds())
+        if node.state == NodeState.BLOCKED:
+            why = f"blocked for {age}: {blocked or 'a step was refused'}"
+        elif node.state == NodeState.AWAITING_REPAIR:
+            limit = format_duration(awaiting_repair_seconds)
+            why = f"awaiting repair for {age} (over {limit}): chase the ticket"
+        else:
+            why = f"no data for {age}: exporter down or stale"
+        out.append(AttentionOut(node=summaries[node.name], why=why))
+    return out
 
 
 def shown_state(state: str, *, taint_only: bool) -> str:

@@ -55,6 +55,13 @@ class NodeSummary(BaseModel):
     ticket: TicketBrief | None = None
 
 
+class AttentionOut(BaseModel):
+    """A node the on-call should look at now, and why."""
+
+    node: NodeSummary
+    why: str
+
+
 class GpuOut(BaseModel):
     uuid: str
     index: int

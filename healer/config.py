@@ -224,6 +224,12 @@ class ApiSettings(_Group):
         "viewer", description="Role of requests with no token and no proxy identity."
     )
     csrf_secret: str | None = Field(None, description="Unset = a random secret per process.")
+    refresh_seconds: float = Field(
+        15.0, ge=2, description="The fleet page refreshes its content this often, seconds (no full reload)."
+    )
+    awaiting_repair_attention_hours: float = Field(
+        24.0, gt=0, description="A node awaiting repair longer than this is listed under Needs attention."
+    )
 
 
 class Settings(BaseSettings):
