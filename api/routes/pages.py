@@ -57,7 +57,6 @@ def _query_link(path: str, **params: str | None) -> str:
 
 
 def _fleet_context(
-    request: Request,
     session: Session,
     now: datetime,
     ruleset: RuleSet | None,
@@ -118,7 +117,7 @@ def fleet(
     """Nodes needing attention first, then counts, switches and budgets, the nodes that are not
     healthy, and rule health; the content refreshes itself (``/fragments/fleet``)."""
     filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    context = _fleet_context(request, session, now, ruleset, settings, filters, cursor)
+    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
     return render(request, "fleet.html", {**context, "done": _done(request)})
 
 
@@ -138,7 +137,7 @@ def fleet_fragment(
 ) -> Response:
     """The fleet page's content alone (HTML), for its refresh without a full reload."""
     filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    context = _fleet_context(request, session, now, ruleset, settings, filters, cursor)
+    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
     return render(request, "_fleet_live.html", context)
 
 
