@@ -1,4 +1,7 @@
-"""The node page's chart: GPU temperature and tensor activity over the incident window.
+"""The node page's chart over the incident window: the series of the rule that fired (its
+expression without the final comparison, e.g. the InfiniBand counter's ``increase()`` per port for an
+InfiniBand rule) with the rule's threshold drawn; GPU temperature and tensor activity when no rule
+is known.
 
 Data comes from a Prometheus range query per metric (:mod:`healer.sources.prometheus_range`); this
 module turns it into plain numbers for an inline SVG (``templates/_chart.html``), so the chart needs
@@ -7,6 +10,7 @@ no JavaScript. Text (GPU labels) is left to the template, which escapes it.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +20,7 @@ from datetime import datetime, timedelta
 from healer.engine.labels import gpu_sort_key
 from healer.errors import SourceError
 from healer.redaction import redact_text
-from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
+from healer.ruleset.schema import DEFAULT_NODE_LABELS, Rule, RuleSet
 from healer.sources.prometheus_range import PrometheusRange, RangeSeries, node_selector_expr, step_for
 
 WIDTH = 720
@@ -49,6 +53,35 @@ METRICS = (
 )
 
 
+#: The final comparison of a rule's expression: ``<lhs> > 78`` (the threshold the rule applies).
+_COMPARISON = re.compile(
+    r"^(?P<lhs>.+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$",
+    re.S,
+)
+
+
+@dataclass(frozen=True)
+class RuleSeries:
+    """What a rule compares: its expression without the final comparison, the operator and the
+    threshold (``None`` when the expression does not end in a comparison with a number)."""
+
+    rule: str
+    expr: str
+    op: str | None = None
+    threshold: float | None = None
+
+
+def rule_series(rule: Rule) -> RuleSeries:
+    """Split ``rule.expr`` into the series it compares and its threshold."""
+    expr = rule.expr.strip()
+    match = _COMPARISON.match(expr)
+    if match is None or match.group("lhs").count("(") != match.group("lhs").count(")"):
+        return RuleSeries(rule=rule.name, expr=expr)
+    return RuleSeries(
+        rule=rule.name, expr=match.group("lhs"), op=match.group("op"), threshold=float(match.group("value"))
+    )
+
+
 @dataclass
 class Line:
     """One GPU's line: its label, colour, SVG path data and latest value."""
@@ -71,6 +104,8 @@ class Panel:
     x_ticks: list[tuple[float, str]] = field(default_factory=list)
     x_anchors: list[str] = field(default_factory=list)
     error: str | None = None
+    threshold: tuple[float, str] | None = None  # (y in SVG units, label)
+    source: str = ""  # the PromQL charted (the rule's series), for the page and its tests
 
 
 @dataclass
@@ -116,10 +151,15 @@ def build_chart(
     node_labels: tuple[str, ...],
     start: datetime,
     end: datetime,
+    rule: Rule | None = None,
 ) -> Chart:
-    """Query each metric for ``node`` over the window and lay out the panels. Never raises for a
-    failed source: the panel carries the error for the page to show."""
+    """Query the series of ``rule`` (or, without one, each of :data:`METRICS`) for ``node`` over
+    the window and lay out the panels. Never raises for a failed source: the panel carries the
+    error for the page to show."""
     step = step_for(start, end)
+    if rule is not None:
+        panel = _rule_panel(source, rule, node=node, node_labels=node_labels, start=start, end=end, step=step)
+        return Chart(start=start, end=end, panels=[panel], error=panel.error)
     panels = []
     for metric in METRICS:
         try:
@@ -134,12 +174,52 @@ def build_chart(
     return Chart(start=start, end=end, panels=panels, error=errors[0] if len(errors) == len(panels) else None)
 
 
+def _rule_panel(
+    source: PrometheusRange,
+    rule: Rule,
+    *,
+    node: str,
+    node_labels: tuple[str, ...],
+    start: datetime,
+    end: datetime,
+    step: float,
+) -> Panel:
+    """The rule's own series for ``node`` with its threshold. The expression is queried as the
+    rule wrote it (its aggregation decides the labels) and the node's series are kept here, by the
+    rule's node labels (the rule's expression cannot be narrowed to one node in general)."""
+    what = rule_series(rule)
+    metric = ChartMetric(what.expr, f"{rule.name}: the series it compares", rule.unit or "value")
+    try:
+        found = source.query_range(what.expr, start=start, end=end, step_seconds=step)
+    except SourceError as exc:
+        return Panel(title=metric.title, unit=metric.unit, error=str(exc), source=what.expr)
+    labels = rule.node_labels or node_labels
+    mine = [s for s in found if any(s.labels.get(label) == node for label in labels)]
+    panel = _panel(metric, mine, start=start, end=end, threshold=what.threshold)
+    panel.source = what.expr
+    if what.threshold is not None and panel.error is None:
+        panel.threshold = (panel.threshold[0] if panel.threshold else 0.0, f"{what.op} {what.threshold:g}")
+    return panel
+
+
 def _series_label(labels: dict[str, str]) -> str:
     gpu = labels.get("gpu")
-    return f"GPU {gpu}" if gpu is not None else labels.get("UUID", "series")
+    if gpu is not None:
+        return f"GPU {gpu}"
+    if labels.get("device"):
+        port = f" port {labels['port']}" if labels.get("port") else ""
+        return f"{labels['device']}{port}"
+    return labels.get("UUID", "series")
 
 
-def _panel(metric: ChartMetric, series: list[RangeSeries], *, start: datetime, end: datetime) -> Panel:
+def _panel(
+    metric: ChartMetric,
+    series: list[RangeSeries],
+    *,
+    start: datetime,
+    end: datetime,
+    threshold: float | None = None,
+) -> Panel:
     panel = Panel(title=metric.title, unit=metric.unit)
     series = [s for s in series if s.points]
     if not series:
@@ -147,6 +227,8 @@ def _panel(metric: ChartMetric, series: list[RangeSeries], *, start: datetime, e
         return panel
     series.sort(key=lambda s: _sort_key(s.labels))
     values = [v * metric.scale for s in series for _, v in s.points]
+    if threshold is not None:
+        values.append(threshold)  # the threshold line stays inside the plot
     # Fixed bounds (0-100 %) widen when data falls outside them, so no line leaves the plot.
     lo = min(metric.y_min, min(values)) if metric.y_min is not None else min(values)
     hi = max(metric.y_max, max(values)) if metric.y_max is not None else max(values)
@@ -180,7 +262,9 @@ def _panel(metric: ChartMetric, series: list[RangeSeries], *, start: datetime, e
                 points=len(coords),
             )
         )
-    panel.y_ticks = [(y(v), f"{v:.0f}") for v in (lo + (hi - lo) * k / 4 for k in range(5))]
+    if threshold is not None:
+        panel.threshold = (y(threshold), f"{threshold:g}")
+    panel.y_ticks = [(y(v), f"{v:.4g}") for v in (lo + (hi - lo) * k / 4 for k in range(5))]
     panel.x_ticks = [
         (
             x(t0 + span * k / 4),

@@ -20,8 +20,10 @@ from sqlalchemy import Select, and_, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from api.errors import ApiError
+from api.rendering import format_duration
 from api.schemas import (
     ActionOut,
+    AttentionOut,
     BreakerOut,
     BreakerScope,
     FindingOut,
@@ -37,6 +39,7 @@ from api.schemas import (
     RejectedReload,
     RuleOut,
     RulesOut,
+    SourceOut,
     TicketBrief,
     TicketOut,
     TransitionOut,
@@ -45,6 +48,7 @@ from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage, breaker_trips_at
 from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
+from healer.model.source_health import SourceHealth
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.models import (
@@ -144,8 +148,28 @@ def _clamp(limit: int) -> int:
 # --- fleet -------------------------------------------------------------------------------------
 
 
+def source_status(session: Session, *, now: datetime, grace_seconds: float) -> SourceOut | None:
+    """Whether Prometheus answered the controller's last queries (the ``source`` switch); None
+    before any tick queried it. ``unready`` once it has failed for more than ``grace_seconds``."""
+    health = SourceHealth.from_switch(repo.get_switch(session, repo.SWITCH_SOURCE))
+    if health is None:
+        return None
+    return SourceOut(
+        ok=health.ok,
+        since=health.since,
+        reason=health.reason,
+        failing_seconds=health.failing_for(now),
+        unready=health.overdue(now, grace_seconds),
+    )
+
+
 def fleet_status(
-    session: Session, *, now: datetime, safety: SafetySettings, ruleset: RuleSet | None
+    session: Session,
+    *,
+    now: datetime,
+    safety: SafetySettings,
+    ruleset: RuleSet | None,
+    source_grace_seconds: float = 60.0,
 ) -> FleetStatus:
     """Counts per state, switches, budget use per pool, last tick and per-rule health."""
     counts = {str(s): 0 for s in NodeState}
@@ -201,6 +225,7 @@ def fleet_status(
         budgets=budgets,
         last_tick=_last_tick(switches.get(repo.SWITCH_LAST_TICK, {}), now=now),
         rules=rules_with_health(session, ruleset=ruleset, now=now),
+        source=source_status(session, now=now, grace_seconds=source_grace_seconds),
     )
 
 
@@ -394,8 +419,53 @@ def list_nodes(
     return Page[NodeSummary](items=summarize_nodes(session, rows), next_cursor=next_cursor)
 
 
+#: The fleet page's "Needs attention" list: at most this many nodes.
+ATTENTION_LIMIT = 50
+
+
+def needs_attention(session: Session, *, now: datetime, awaiting_repair_seconds: float) -> list[AttentionOut]:
+    """Nodes needing a person, most urgent first: blocked (with the refusal), awaiting repair for
+    longer than ``awaiting_repair_seconds``, unknown (no data); oldest first within each."""
+    overdue = now - timedelta(seconds=awaiting_repair_seconds)
+    rank = case((Node.state == NodeState.BLOCKED, 0), (Node.state == NodeState.AWAITING_REPAIR, 1), else_=2)
+    rows = list(
+        session.execute(
+            select(Node, Incident.blocked_reason)
+            .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+            .where(
+                or_(
+                    Node.state.in_([str(NodeState.BLOCKED), str(NodeState.UNKNOWN)]),
+                    and_(Node.state == NodeState.AWAITING_REPAIR, Node.state_since < overdue),
+                )
+            )
+            .order_by(rank, Node.state_since, Node.name)
+            .limit(ATTENTION_LIMIT)
+        ).all()
+    )
+    summaries = {s.name: s for s in summarize_nodes(session, [n for n, _ in rows])}
+    out = []
+    for node, blocked in rows:
+        age = format_duration((now - node.state_since).total_seconds())
+        if node.state == NodeState.BLOCKED:
+            why = f"blocked for {age}: {blocked or 'a step was refused'}"
+        elif node.state == NodeState.AWAITING_REPAIR:
+            limit = format_duration(awaiting_repair_seconds)
+            why = f"awaiting repair for {age} (over {limit}): chase the ticket"
+        else:
+            why = f"no data for {age}: exporter down or stale"
+        out.append(AttentionOut(node=summaries[node.name], why=why))
+    return out
+
+
+def shown_state(state: str, *, taint_only: bool) -> str:
+    """The state as a person names it: a node quarantined by a taint alone (not cordoned) is
+    ``tainted``; every other state is shown as stored."""
+    return "tainted" if taint_only and state == NodeState.QUARANTINED else state
+
+
 def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary]:
-    """Summaries of ``nodes`` with their active rules, GPU counts and latest ticket: 3 queries."""
+    """Summaries of ``nodes`` with their active rules, GPU counts, latest ticket and whether a
+    quarantine is by taint alone: 4 queries."""
     if not nodes:
         return []
     ids = [n.id for n in nodes]
@@ -430,11 +500,22 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
         tickets.setdefault(
             t.node_id, TicketBrief(id=t.id, provider=t.provider, status=t.status, external_id=t.external_id)
         )
+    tainted_only = set(
+        session.scalars(
+            select(Incident.node_id).where(
+                Incident.node_id.in_(ids),
+                Incident.closed_at.is_(None),
+                Incident.cordoned_by_healer.is_(False),
+                Incident.expect_unschedulable.is_(False),
+            )
+        )
+    )
     return [
         NodeSummary(
             name=n.name,
             pool=n.pool,
             state=n.state,
+            shown_state=shown_state(n.state, taint_only=n.id in tainted_only),
             state_since=n.state_since,
             opted_out=n.opted_out,
             rules=sorted(rules.get(n.name, ())),

@@ -51,6 +51,9 @@ class NodeSummary(BaseModel):
     state: str
     state_since: datetime
     opted_out: bool
+    shown_state: str = Field(
+        "", description="The state named for what happened: 'tainted' for a quarantine by taint alone."
+    )
     rules: list[str] = Field(default_factory=list, description="Rules with a pending or firing finding.")
     affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
     gpu_count: int = 0
@@ -59,6 +62,13 @@ class NodeSummary(BaseModel):
         False, description="Blocked because its drain could not finish (PodDisruptionBudgets, refused pods)."
     )
     blocked_reason: str | None = None
+
+
+class AttentionOut(BaseModel):
+    """A node the on-call should look at now, and why."""
+
+    node: NodeSummary
+    why: str
 
 
 class GpuOut(BaseModel):
@@ -244,6 +254,20 @@ class LastTick(BaseModel):
     age_seconds: float
 
 
+class SourceOut(BaseModel):
+    """Whether Prometheus could be queried on the last tick that queried it.
+
+    ``failing_seconds``: how long it has failed (0 when ok); ``unready``: for longer than
+    ``prometheus.unavailable_grace_seconds`` (``/readyz`` fails, the dashboard header is red).
+    """
+
+    ok: bool
+    since: datetime
+    reason: str = ""
+    failing_seconds: float = 0.0
+    unready: bool = False
+
+
 class FleetStatus(BaseModel):
     """The fleet at a glance."""
 
@@ -257,6 +281,7 @@ class FleetStatus(BaseModel):
     budgets: list[PoolBudget]
     last_tick: LastTick | None
     rules: list[RuleOut]
+    source: SourceOut | None = None
 
 
 class ReasonIn(BaseModel):
@@ -284,3 +309,4 @@ class ReadyOut(BaseModel):
     last_tick_at: datetime | None
     last_tick_age_seconds: float | None
     leader: bool | None
+    source: SourceOut | None = None

@@ -48,6 +48,11 @@ class PrometheusSettings(_Group):
     )
     verify_tls: bool = True
     headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers (e.g. tenant).")
+    unavailable_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="No rule could be queried this long (seconds): /readyz fails, the dashboard turns red.",
+    )
 
 
 class KubernetesSettings(_Group):
@@ -273,6 +278,12 @@ class ApiSettings(_Group):
         ge=1024,
         description="Largest request body, bytes, on every route (413 above, checked before reading): "
         "callbacks, forms and JSON operations are a few kilobytes.",
+    )
+    refresh_seconds: float = Field(
+        15.0, ge=2, description="The fleet page refreshes its content this often, seconds (no full reload)."
+    )
+    awaiting_repair_attention_hours: float = Field(
+        24.0, gt=0, description="A node awaiting repair longer than this is listed under Needs attention."
     )
 
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.clock import utc_now as utc_now  # re-exported: the one clock, for the CLI
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
     from healer.sources.prometheus import PrometheusSource
     from healer.sources.prometheus_range import PrometheusRange
 
+
 def default_identity() -> str:
     """This replica's name for the Lease: the pod name in a cluster (``HOSTNAME``), else host+pid."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
@@ -64,9 +68,55 @@ def has_table(engine: Engine, name: str) -> bool:
     return inspect(engine).has_table(name)
 
 
+def _missing_schema(url: str) -> StoreError:
+    shown = make_url(url).render_as_string(hide_password=True)
+    return StoreError(f"the database has no healer schema; create it with `healer db upgrade` ({shown})")
+
+
+def _sqlite_without_schema(url: str) -> bool:
+    """Whether ``url`` names an SQLite file that is missing or has no healer schema, checked
+    read-only: connecting through the engine would create the file and switch it to WAL."""
+    parsed = make_url(url)
+    path = parsed.database or ""
+    if not parsed.drivername.startswith("sqlite") or path in ("", ":memory:") or path.startswith("file:"):
+        return False
+    if not Path(path).is_file():
+        return True
+    try:
+        with closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'alembic_version'"
+            ).fetchone()
+    except sqlite3.DatabaseError:
+        return False  # not readable this way: the engine's own check below reports it
+    return found is None
+
+
+def schema_engine(settings: Settings) -> Engine:
+    """An engine on the configured database, which must already hold healer's schema.
+
+    An SQLite file without the schema is neither created nor written to (no empty ``healer.db``
+    is left behind).
+
+    Raises:
+        StoreError: the schema is missing; the message says to run ``healer db upgrade``.
+    """
+    if _sqlite_without_schema(settings.database.url):
+        raise _missing_schema(settings.database.url)
+    bound = engine(settings)
+    if not has_table(bound, "alembic_version"):
+        bound.dispose()
+        raise _missing_schema(settings.database.url)
+    return bound
+
+
 def sessions(settings: Settings) -> sessionmaker[Session]:
-    """Sessions on the configured database, unchecked (operator commands on an existing schema)."""
-    return make_sessionmaker(engine(settings))
+    """Sessions on the configured database for operator commands (``healer pause``, ``node list``...).
+
+    Raises:
+        StoreError: the schema is missing (see :func:`schema_engine`); nothing is created.
+    """
+    return make_sessionmaker(schema_engine(settings))
 
 
 def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Session]:
@@ -77,10 +127,7 @@ def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Sessi
     """
     if upgrade:
         migrate.upgrade(settings.database.url)
-    bound = engine(settings)
-    if not has_table(bound, "alembic_version"):
-        raise StoreError(f"the database has no healer schema; run `healer db upgrade` first ({bound.url!r})")
-    return make_sessionmaker(bound)
+    return make_sessionmaker(schema_engine(settings))
 
 
 def prometheus_source(settings: Settings) -> PrometheusSource:

@@ -69,7 +69,13 @@ OperatorCsrf = Annotated[Identity, Depends(operator_with_csrf)]
 @router.get("/status", response_model=FleetStatus, summary="Fleet at a glance")
 def status(session: SessionDep, now: NowDep, ruleset: RuleSetDep, settings: SettingsDep) -> FleetStatus:
     """Counts per lifecycle state, pause and breaker switches, budget use per pool, last tick, rules."""
-    return queries.fleet_status(session, now=now, safety=settings.safety, ruleset=ruleset)
+    return queries.fleet_status(
+        session,
+        now=now,
+        safety=settings.safety,
+        ruleset=ruleset,
+        source_grace_seconds=settings.prometheus.unavailable_grace_seconds,
+    )
 
 
 @router.get("/nodes", response_model=Page[NodeSummary], summary="List nodes")

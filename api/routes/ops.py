@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from api import queries
-from api.schemas import LastTick, ReadyOut
+from api.schemas import LastTick, ReadyOut, SourceOut
 from healer.metrics import HealerMetrics
 
 router = APIRouter(tags=["ops"])
@@ -36,8 +36,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut}}, summary="Ready")
 async def readyz(request: Request) -> Response:
-    """200 when the database answers and a tick (by any replica) finished within three default
-    intervals; 503 with the reasons otherwise.
+    """200 when the database answers, a tick (by any replica) finished within three default
+    intervals, and Prometheus has not been failing for longer than
+    ``prometheus.unavailable_grace_seconds``; 503 with the reasons otherwise.
 
     Leadership is reported but does not make a replica unready: the standby must stay in the
     Service (it serves the dashboard) and in rollouts (an unready standby would stall them).
@@ -47,16 +48,21 @@ async def readyz(request: Request) -> Response:
     reasons: list[str] = []
     database = True
     tick = None
+    source = None
+    grace = state.settings.prometheus.unavailable_grace_seconds
 
-    def check() -> LastTick | None:
+    def check() -> tuple[LastTick | None, SourceOut | None]:
         with state.session_factory() as session:
             session.execute(text("SELECT 1"))
-            return queries.last_tick(session, now=now)
+            return (
+                queries.last_tick(session, now=now),
+                queries.source_status(session, now=now, grace_seconds=grace),
+            )
 
     # Its own small thread pool, off the request pool, bounded in time.
     loop = asyncio.get_running_loop()
     try:
-        tick = await asyncio.wait_for(
+        tick, source = await asyncio.wait_for(
             loop.run_in_executor(state.probe_executor, check), timeout=READY_DB_TIMEOUT_SECONDS
         )
     except SQLAlchemyError as exc:
@@ -70,6 +76,11 @@ async def readyz(request: Request) -> Response:
         reasons.append("no tick recorded yet")
     elif tick is not None and tick.age_seconds > limit:
         reasons.append(f"last tick {tick.age_seconds:.0f}s ago (limit {limit:.0f}s)")
+    if source is not None and source.unready:
+        reasons.append(
+            f"prometheus cannot be queried for {source.failing_seconds:.0f}s "
+            f"(grace {grace:.0f}s): {source.reason}"
+        )
     leader = state.leader_provider() if state.leader_provider is not None else None
     body = ReadyOut(
         ready=not reasons,
@@ -78,6 +89,7 @@ async def readyz(request: Request) -> Response:
         last_tick_at=tick.at if tick else None,
         last_tick_age_seconds=tick.age_seconds if tick else None,
         leader=leader,
+        source=source,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 

@@ -8,19 +8,24 @@ confirmation, then redirects (303) to the page the action concerns, which shows 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.orm import Session
 
 from api import charts, operator, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
 from api.deps import IdentityDep, NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, require_operator
 from api.errors import ApiError
 from api.rendering import render
+from api.schemas import NodeDetail
+from healer.config import Settings
 from healer.engine.states import ActionStatus, NodeState, TicketStatus
 from healer.operations import RELEASABLE
+from healer.ruleset.schema import Rule, RuleSet
 
 router = APIRouter(include_in_schema=False)
 
@@ -51,6 +56,51 @@ def _query_link(path: str, **params: str | None) -> str:
 # --- pages -------------------------------------------------------------------------------------
 
 
+def _fleet_context(
+    session: Session,
+    now: datetime,
+    ruleset: RuleSet | None,
+    settings: Settings,
+    filters: dict[str, str | None],
+    cursor: str | None,
+) -> dict[str, Any]:
+    """What the fleet page and its refreshing fragment show: nodes needing attention, counts,
+    switches, budgets, the nodes that are not healthy, rule health."""
+    status = queries.fleet_status(
+        session,
+        now=now,
+        safety=settings.safety,
+        ruleset=ruleset,
+        source_grace_seconds=settings.prometheus.unavailable_grace_seconds,
+    )
+    state = filters["state"]
+    flt = queries.NodeFilter(
+        states=(state,) if state else (),
+        pool=filters["pool"],
+        rule=filters["rule"],
+        text=filters["q"],
+        unhealthy=not state,
+    )
+    page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE)
+    return {
+        "status": status,
+        "source": status.source,
+        "attention": queries.needs_attention(
+            session, now=now, awaiting_repair_seconds=settings.api.awaiting_repair_attention_hours * 3600
+        ),
+        "page": page,
+        "filters": filters,
+        "states": [str(s) for s in NodeState],
+        "pools": [b.pool for b in status.budgets],
+        "next_link": _query_link("/", **filters, cursor=page.next_cursor) if page.next_cursor else None,
+        "first_link": _query_link("/", **filters) if cursor else None,
+        "fragment_url": _query_link("/fragments/fleet", **filters, cursor=cursor),
+        "refresh_seconds": settings.api.refresh_seconds,
+        "now": now,
+        "drain_blocked_alert_seconds": settings.safety.drain_blocked_alert_seconds,
+    }
+
+
 @router.get("/")
 def fleet(
     request: Request,
@@ -65,29 +115,46 @@ def fleet(
     q: str | None = None,
     cursor: str | None = None,
 ) -> Response:
-    """Counts, switches, budgets, rule health and the nodes that are not healthy."""
-    status = queries.fleet_status(session, now=now, safety=settings.safety, ruleset=ruleset)
-    flt = queries.NodeFilter(
-        states=(state,) if state else (), pool=pool, rule=rule, text=q, unhealthy=not state
-    )
-    page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE)
+    """Nodes needing attention first, then counts, switches and budgets, the nodes that are not
+    healthy, and rule health; the content refreshes itself (``/fragments/fleet``)."""
     filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    return render(
-        request,
-        "fleet.html",
-        {
-            "status": status,
-            "page": page,
-            "filters": filters,
-            "states": [str(s) for s in NodeState],
-            "pools": [b.pool for b in status.budgets],
-            "next_link": _query_link("/", **filters, cursor=page.next_cursor) if page.next_cursor else None,
-            "first_link": _query_link("/", **filters) if cursor else None,
-            "now": now,
-            "drain_blocked_alert_seconds": settings.safety.drain_blocked_alert_seconds,
-            "done": _done(request),
-        },
-    )
+    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
+    return render(request, "fleet.html", {**context, "done": _done(request)})
+
+
+@router.get("/fragments/fleet")
+def fleet_fragment(
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    settings: SettingsDep,
+    _who: IdentityDep,
+    state: str | None = None,
+    pool: str | None = None,
+    rule: str | None = None,
+    q: str | None = None,
+    cursor: str | None = None,
+) -> Response:
+    """The fleet page's content alone (HTML), for its refresh without a full reload."""
+    filters = {"state": state, "pool": pool, "rule": rule, "q": q}
+    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
+    return render(request, "_fleet_live.html", context)
+
+
+def _fired_rule(detail: NodeDetail, ruleset: RuleSet | None) -> Rule | None:
+    """The rule whose series the node's chart shows: a firing finding's rule, else a pending one's,
+    else the latest resolved one's (a closed incident); None without findings or rules."""
+    if ruleset is None:
+        return None
+    for state in ("firing", "pending", "resolved"):
+        for finding in detail.findings:
+            if finding.state == state:
+                try:
+                    return ruleset.rule(finding.rule)
+                except KeyError:
+                    continue
+    return None
 
 
 @router.get("/nodes/{name}")
@@ -109,6 +176,7 @@ def node_page(
                 node_labels=charts.node_labels_of(ruleset),
                 start=start,
                 end=end,
+                rule=_fired_rule(detail, ruleset),
             )
             if turn
             else charts.busy_chart(start=start, end=end)

@@ -6,29 +6,29 @@ stderr when the breaker is not tripped.
 
 from __future__ import annotations
 
-import json
-from typing import Annotated
-
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, store_sessions
+from healer.cli.output import JsonAlias, Output, OutputOption, chosen, emit, iso
 
-app = typer.Typer(no_args_is_help=True, help="The circuit breaker.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The circuit breaker.")
 
 
 @app.command("status")
 def breaker_status(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="The switch as JSON.")] = False,
+    output: OutputOption = Output.TABLE,
+    as_json: JsonAlias = False,
 ) -> None:
     """Whether the circuit breaker is tripped, why, and the nodes it holds back."""
-    from healer import wiring
     from healer.store import nodes as repo
 
-    with wiring.sessions(settings_from(ctx))() as session:
+    with store_sessions(ctx)() as session:
         value = repo.get_switch(session, repo.SWITCH_BREAKER)
-    if as_json:
-        typer.echo(json.dumps(value, sort_keys=True))
+    for key in ("tripped_at", "reset_at"):
+        if value.get(key):
+            value[key] = iso(value[key])
+    if emit(dict(sorted(value.items())), chosen(output, as_json=as_json)):
         return
     if not value.get("tripped"):
         typer.echo("circuit breaker: closed (not tripped)")
@@ -49,7 +49,7 @@ def breaker_reset(ctx: typer.Context) -> None:
     from healer.store.session import transaction
 
     try:
-        with transaction(wiring.sessions(settings_from(ctx))) as session:
+        with transaction(store_sessions(ctx)) as session:
             held = operations.reset_breaker(session, actor=operator_name(), now=wiring.utc_now())
     except operations.OperationError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
     from healer.config import Settings
 
 
@@ -33,6 +35,22 @@ def settings_from(ctx: typer.Context, **overrides: object) -> Settings:
     except ConfigError as exc:
         typer.echo(f"error: invalid settings\n{exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+def store_sessions(ctx: typer.Context, settings: Settings | None = None) -> sessionmaker[Session]:
+    """Sessions on the configured database for an operator command.
+
+    Without healer's schema there, prints one line saying how to create it (``healer db upgrade``)
+    and exits with status 1; nothing is created (not even an empty SQLite file).
+    """
+    from healer import wiring
+    from healer.errors import StoreError
+
+    try:
+        return wiring.sessions(settings or settings_from(ctx))
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def operator_name() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, help="Database schema.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Database schema.")
 
 
 @app.command()

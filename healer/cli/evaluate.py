@@ -7,15 +7,14 @@ refused its PromQL).
 
 from __future__ import annotations
 
-import json
 import math
 from datetime import datetime
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from healer.cli.context import settings_from
+from healer.cli.output import FormatAlias, Output, OutputOption, chosen, emit
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
@@ -23,15 +22,11 @@ if TYPE_CHECKING:
     from healer.engine.findings import Finding
 
 
-class OutputFormat(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-
-
 def evaluate(
     ctx: typer.Context,
     once: Annotated[bool, typer.Option("--once", help="Run one tick and exit (required).")] = False,
-    output: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.TABLE,
+    output: OutputOption = Output.TABLE,
+    format_alias: FormatAlias = None,
     store: Annotated[
         bool,
         typer.Option(
@@ -44,9 +39,8 @@ def evaluate(
     from healer import wiring
     from healer.detection import initial_state, run_detection
     from healer.engine.states import RuleHealth
-    from healer.errors import RuleError
+    from healer.errors import RuleError, StoreError
     from healer.ruleset.loading import load_ruleset
-    from healer.store.session import make_sessionmaker
 
     if not once:
         typer.echo("error: give --once (`healer run` runs the controller loop)", err=True)
@@ -59,15 +53,11 @@ def evaluate(
         raise typer.Exit(2) from exc
     factory = None
     if store:
-        engine = wiring.engine(settings)
-        if not wiring.has_table(engine, "findings"):
-            typer.echo(
-                f"error: no healer schema at {engine.url.render_as_string(hide_password=True)}: "
-                "run `healer db upgrade` (or pass --no-store)",
-                err=True,
-            )
-            raise typer.Exit(2)
-        factory = make_sessionmaker(engine)
+        try:
+            factory = wiring.sessions(settings)
+        except StoreError as exc:
+            typer.echo(f"error: {exc}, or pass --no-store", err=True)
+            raise typer.Exit(2) from exc
     with wiring.prometheus_source(settings) as source:
         result = run_detection(
             ruleset=ruleset,
@@ -77,9 +67,7 @@ def evaluate(
             now=wiring.utc_now(),
             concurrency=settings.prometheus.max_concurrent_queries,
         )
-    if output == OutputFormat.JSON:
-        typer.echo(json.dumps(as_json(result), indent=2))
-    else:
+    if not emit(as_json(result), chosen(output, format_alias=format_alias)):
         typer.echo(as_table(result))
     healths = {r.health for r in result.reports}
     if RuleHealth.UNAVAILABLE in healths:

@@ -7,14 +7,15 @@ action does not apply (unknown node ...).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, store_sessions
+from healer.cli.output import JsonAlias, Output, OutputOption, chosen, emit, iso
+from healer.cli.tables import columns
 
-app = typer.Typer(no_args_is_help=True, help="Nodes healer remediates.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Nodes healer remediates.")
 
 
 @app.command("release")
@@ -28,7 +29,7 @@ def release(
     from healer.store.session import transaction
 
     try:
-        with transaction(wiring.sessions(settings_from(ctx))) as session:
+        with transaction(store_sessions(ctx)) as session:
             operations.release_node(
                 session, node_name=node, actor=operator_name(), now=wiring.utc_now(), reason=reason
             )
@@ -42,16 +43,16 @@ def release(
 def list_nodes(
     ctx: typer.Context,
     all_nodes: Annotated[bool, typer.Option("--all", help="Healthy nodes too.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    output: OutputOption = Output.TABLE,
+    as_json: JsonAlias = False,
 ) -> None:
     """Nodes healer is remediating (state, since, pool, incident, rule, blocked reason)."""
     from sqlalchemy import select
 
-    from healer import wiring
     from healer.engine.states import NodeState
     from healer.store.models import Incident, Node
 
-    with wiring.sessions(settings_from(ctx))() as session:
+    with store_sessions(ctx)() as session:
         query = (
             select(Node, Incident)
             .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
@@ -63,7 +64,7 @@ def list_nodes(
             {
                 "node": n.name,
                 "state": n.state,
-                "since": n.state_since.isoformat(timespec="seconds"),
+                "since": iso(n.state_since),
                 "pool": n.pool,
                 "incident": i.id if i else None,
                 "rule": i.rule if i else None,
@@ -71,19 +72,14 @@ def list_nodes(
             }
             for n, i in session.execute(query).all()
         ]
-    if as_json:
-        for row in rows:
-            typer.echo(json.dumps(row))
+    if emit(rows, chosen(output, as_json=as_json)):
         return
     if not rows:
         typer.echo("no nodes" if all_nodes else "every node is healthy")
         return
-    typer.echo(f"{'NODE':<24} {'STATE':<16} {'SINCE':<26} {'POOL':<20} {'INCIDENT':<9} RULE")
+    table = [["NODE", "STATE", "SINCE", "POOL", "INCIDENT", "RULE"]]
     for r in rows:
-        line = (
-            f"{r['node']:<24} {r['state']:<16} {r['since']:<26} {r['pool']:<20} {r['incident'] or '-'!s:<9} "
-        )
-        line += str(r["rule"] or "-")
-        if r["blocked"]:
-            line += f"  ({r['blocked']})"
-        typer.echo(line)
+        rule = str(r["rule"] or "-") + (f"  ({r['blocked']})" if r["blocked"] else "")
+        cells = [r["node"], r["state"], r["since"] or "-", r["pool"], r["incident"] or "-"]
+        table.append([*(str(c) for c in cells), rule])
+    typer.echo(columns(table))

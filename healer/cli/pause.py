@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, store_sessions
 
 
 def pause(
@@ -17,7 +17,7 @@ def pause(
     from healer import operations, wiring
     from healer.store.session import transaction
 
-    with transaction(wiring.sessions(settings_from(ctx))) as session:
+    with transaction(store_sessions(ctx)) as session:
         operations.set_paused(
             session, paused=True, actor=operator_name(), now=wiring.utc_now(), reason=reason
         )
@@ -29,6 +29,6 @@ def resume(ctx: typer.Context) -> None:
     from healer import operations, wiring
     from healer.store.session import transaction
 
-    with transaction(wiring.sessions(settings_from(ctx))) as session:
+    with transaction(store_sessions(ctx)) as session:
         operations.set_paused(session, paused=False, actor=operator_name(), now=wiring.utc_now())
     typer.echo("healer resumed")

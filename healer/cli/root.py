@@ -27,8 +27,23 @@ from healer.cli import (
     ticket,
 )
 
+EPILOG = (
+    "Listing commands take -o table|json|yaml; times are ISO 8601 UTC (2026-12-01T14:05:00Z).\n\n"
+    "\b\nExit status:\n"
+    "  0  done\n"
+    "  1  the command failed or does not apply: no database schema (run `healer db upgrade`),\n"
+    "     unknown node or ticket, invalid rule files, Prometheus unavailable (evaluate)\n"
+    "  2  bad usage, invalid settings or rules (evaluate: also no database schema)\n"
+    "  3  evaluate: a rule is broken (Prometheus refused its PromQL)\n"
+    "`healer run` and `healer serve` exit 0 on SIGTERM or SIGINT after a clean shutdown."
+)
+
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="GPU node health remediation for Kubernetes."
+    no_args_is_help=True,
+    add_completion=False,
+    help="GPU node health remediation for Kubernetes.",
+    epilog=EPILOG,
+    rich_markup_mode=None,  # plain click help: no `<bool>` type column on flags
 )
 
 

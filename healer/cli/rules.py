@@ -15,24 +15,21 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from healer.cli.context import settings_from
+from healer.cli.output import FormatAlias, Output, OutputOption, chosen
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
     from healer.ruleset.loading import Validation
     from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 
-app = typer.Typer(no_args_is_help=True, help="Rule files: validate them, show what they do.")
+app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None, help="Rule files: validate them, show what they do."
+)
 
 
 class ValidateFormat(StrEnum):
     text = "text"
     json = "json"
-
-
-class ShowFormat(StrEnum):
-    table = "table"
-    json = "json"
-    yaml = "yaml"
 
 
 Paths = Annotated[
@@ -67,7 +64,7 @@ def validate(
     ctx: typer.Context,
     paths: Paths = None,
     output: Annotated[
-        ValidateFormat, typer.Option("--format", "-o", help="text, or json for machines.")
+        ValidateFormat, typer.Option("--output", "-o", "--format", help="text, or json for machines.")
     ] = ValidateFormat.text,
     no_promql: NoPromql = False,
 ) -> None:
@@ -140,9 +137,8 @@ def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[
 def show(
     ctx: typer.Context,
     paths: Paths = None,
-    output: Annotated[ShowFormat, typer.Option("--format", "-o", help="table, json or yaml.")] = (
-        ShowFormat.table
-    ),
+    output: OutputOption = Output.TABLE,
+    format_alias: FormatAlias = None,
     no_promql: NoPromql = False,
 ) -> None:
     """The effective rule set: per rule its group, interval, for, keep_firing_for, severity,
@@ -157,9 +153,10 @@ def show(
     ruleset: RuleSet = v.ruleset
     default_interval = settings_from(ctx).scheduler.default_interval_seconds
     records = [_rule_record(g, r, default_interval) for g in ruleset.groups for r in g.rules]
-    if output is ShowFormat.json:
+    output = chosen(output, format_alias=format_alias)
+    if output is Output.JSON:
         typer.echo(json.dumps({"files": list(v.files), "rules": records}, indent=2))
-    elif output is ShowFormat.yaml:
+    elif output is Output.YAML:
         from ruamel.yaml import YAML
         from ruamel.yaml.scalarstring import LiteralScalarString
 

@@ -7,6 +7,8 @@ labels); a rule set that fails validation is shown as missing and the errors are
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -17,7 +19,9 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Listen address (default: api.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: api.port).")] = None,
 ) -> None:
-    """Serve the dashboard, the JSON API and /metrics (no controller: nothing is acted on)."""
+    """Serve the dashboard, the JSON API and /metrics (no controller: nothing is acted on).
+
+    SIGTERM/SIGINT stop serving and exit 0."""
     import uvicorn
 
     from healer import wiring
@@ -36,13 +40,24 @@ def serve(
         ruleset = None
     engine = wiring.engine(settings)
     app = wiring.dashboard(settings, make_sessionmaker(engine), ruleset_provider=lambda: ruleset)
-    try:
-        uvicorn.run(
+
+    def on_stop(_signum: int, _frame: FrameType | None) -> None:
+        # uvicorn handles SIGTERM/SIGINT while it serves and re-raises them after its shutdown;
+        # taking the re-raise here makes a clean stop exit 0, as `healer run` does.
+        pass
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    server = uvicorn.Server(
+        uvicorn.Config(
             app,
             host=host or settings.api.host,
             port=port or settings.api.port,
             log_level=settings.log_level.lower(),
             proxy_headers=True,
         )
+    )
+    try:
+        server.run()  # returns on SIGTERM/SIGINT
     finally:
         engine.dispose()

@@ -2,32 +2,30 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from healer.cli.context import operator_name, settings_from
+from healer.cli.context import operator_name, settings_from, store_sessions
+from healer.cli.output import JsonAlias, Output, OutputOption, chosen, emit, iso
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from healer.config import Settings
 
-app = typer.Typer(no_args_is_help=True, help="Provider tickets.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Provider tickets.")
 
 
 def _factory(ctx: typer.Context) -> tuple[Settings, sessionmaker[Session]]:
-    from healer import wiring
-
     settings = settings_from(ctx)
-    return settings, wiring.sessions(settings)
+    return settings, store_sessions(ctx, settings)
 
 
 def _when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+    return iso(value) or "-"
 
 
 @app.command("list")
@@ -36,7 +34,8 @@ def list_command(
     status: Annotated[list[str] | None, typer.Option("--status", "-s", help="Only these statuses.")] = None,
     node: Annotated[str | None, typer.Option(help="Only this node.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Most tickets shown, newest first.")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    output: OutputOption = Output.TABLE,
+    as_json: JsonAlias = False,
 ) -> None:
     """List tickets: provider, status, delivery attempts and errors."""
     from healer.tickets import service
@@ -44,21 +43,20 @@ def list_command(
     _, factory = _factory(ctx)
     with factory() as session:
         rows = service.list_tickets(session, status=status, node=node, limit=limit)
-    if as_json:
-        for row in rows:
-            typer.echo(json.dumps(asdict(row), default=str))
+    records = [{k: iso(v) if isinstance(v, datetime) else v for k, v in asdict(row).items()} for row in rows]
+    if emit(records, chosen(output, as_json=as_json)):
         return
     if not rows:
         typer.echo("no tickets")
         return
     typer.echo(
-        f"{'ID':>5}  {'NODE':<28} {'PROVIDER':<16} {'STATUS':<13} {'TRIES':>5}  {'CREATED':<19}  EXTERNAL"
+        f"{'ID':>5}  {'NODE':<28} {'PROVIDER':<16} {'STATUS':<13} {'TRIES':>5}  {'CREATED':<20}  EXTERNAL"
     )
     for r in rows:
         flag = " (escalated)" if r.escalated else ""
         typer.echo(
             f"{r.id:>5}  {r.node:<28} {r.provider:<16} {r.status:<13} {r.attempts:>5}  "
-            f"{_when(r.created_at):<19}  {r.external_id or '-'}{flag}"
+            f"{_when(r.created_at):<20}  {r.external_id or '-'}{flag}"
         )
         if r.last_error and r.status in ("pending", "failed"):
             typer.echo(f"       last error: {r.last_error}")  # redacted by list_tickets
@@ -142,13 +140,15 @@ def deliver_command(ctx: typer.Context) -> None:
 
 
 @app.command("stats")
-def stats_command(ctx: typer.Context) -> None:
+def stats_command(ctx: typer.Context, output: OutputOption = Output.TABLE) -> None:
     """Per provider: open tickets, median time to acknowledge and to repair."""
     from healer.tickets import service
 
     _, factory = _factory(ctx)
     with factory() as session:
         stats = service.provider_stats(session)
+    if emit([asdict(s) for s in stats], output):
+        return
 
     def fmt(seconds: float | None) -> str:
         return "-" if seconds is None else f"{seconds / 3600:.1f}h"

@@ -33,10 +33,11 @@ from healer.actions.base import NodeActions
 from healer.config import Settings
 from healer.controller.backoff import Backoff
 from healer.controller.passes import RemediationResult, advance_drains, remediate
-from healer.detection import initial_state, run_detection
+from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError
 from healer.metrics import HealerMetrics
+from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleGroup
 from healer.sources.base import MetricsSource
@@ -189,6 +190,7 @@ class Controller:
                 )
                 self.state = detection.state
                 self._group_last.update(dict.fromkeys(due, now))
+                self._record_source(detection, now)
                 for report in detection.reports:
                     self.metrics.set_rule_health(
                         report.rule, str(report.health), evaluated_at_unix=now.timestamp()
@@ -233,6 +235,29 @@ class Controller:
                         now=now,
                         by=self.identity,
                     )
+
+    def _record_source(self, detection: DetectionResult, now: datetime) -> None:
+        """Record whether the source answered this tick (the ``source`` switch, read by /readyz and
+        the fleet page); log one line when that changes, with the reason."""
+        if not detection.reports:
+            return  # nothing was due: the tick says nothing about the source
+        failure = None
+        if detection.source_unavailable:
+            failure = next((r.error for r in detection.reports if r.error), "no rule could be queried")
+        with transaction(self.session_factory) as session:
+            previous = SourceHealth.from_switch(repo.get_switch(session, repo.SWITCH_SOURCE))
+            health = next_health(previous, failure=failure, now=now)
+            repo.set_switch(session, repo.SWITCH_SOURCE, health.as_switch(), now=now, by=self.identity)
+        if previous is not None and previous.ok == health.ok:
+            return
+        if not health.ok:
+            log.error(
+                "prometheus cannot be queried, no rule is evaluated: %s (unready after %.0fs)",
+                health.reason,
+                self.settings.prometheus.unavailable_grace_seconds,
+            )
+        elif previous is not None:
+            log.warning("prometheus answers again after %.0fs", (now - previous.since).total_seconds())
 
     def _count(self, result: RemediationResult) -> None:
         """Count each node step by kind and result for /metrics (the backoff logs failures once)."""

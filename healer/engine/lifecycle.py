@@ -37,6 +37,7 @@ evidence. Unknown nodes and frozen rules never start an action and never count a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -46,7 +47,8 @@ from typing import TypeVar
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding
 from healer.model.node import NodeView, TaintEffect
-from healer.model.states import NodeState, TicketStatus
+from healer.model.states import FindingState, NodeState, TicketStatus
+from healer.ruleset.durations import format_duration
 from healer.ruleset.schema import (
     DrainAction,
     NotifyAction,
@@ -335,6 +337,49 @@ def _evidence(findings: Sequence[Finding]) -> dict[str, object] | None:
     return {"findings": [f.evidence for f in findings]}
 
 
+def _value_text(finding: Finding) -> str:
+    """The finding's value as a person reads it: counts whole, others to 4 significant digits."""
+    value = finding.value
+    if value is None:
+        return "no value"
+    if not math.isfinite(value):
+        text = str(value)
+    elif abs(value - round(value)) < 0.05 and abs(value) >= 1:
+        text = str(round(value))  # increase() of a counter is a count: 1.032 errors reads "1"
+    else:
+        text = f"{value:.4g}"
+    return f"{text} {finding.unit}" if finding.unit else text
+
+
+def _hold(rule: Rule | None) -> str:
+    """The rule's effective ``for`` (scaled in the demo), as ``held 30s`` (empty without one)."""
+    if rule is None or rule.for_ <= 0:
+        return ""
+    return f"held {format_duration(rule.for_)}"
+
+
+def _finding_story(finding: Finding, ctx: Context) -> str:
+    """One line naming the rule, where, its value and its real hold: ``GpuTooHot firing on GPU 3
+    (value 81 C, held 30s): GPU 3 at 81 C, above 78 C``."""
+    rule = ctx.rule(finding.rule)
+    where = f" on GPU {finding.gpu}" if finding.gpu else ""
+    if finding.state == FindingState.FIRING:
+        state = "firing"
+        detail = ", ".join(p for p in (f"value {_value_text(finding)}", _hold(rule)) if p)
+    else:
+        state = "pending"
+        wait = f"acts if it holds {format_duration(rule.for_)}" if rule is not None and rule.for_ > 0 else ""
+        detail = ", ".join(p for p in (f"value {_value_text(finding)}", wait) if p)
+    text = f"{finding.rule} {state}{where} ({detail})"
+    return f"{text}: {finding.summary}" if finding.summary else text
+
+
+def _suspect_reason(facts: NodeFacts, ctx: Context) -> str:
+    found = _concerning(facts, ctx)
+    more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+    return _finding_story(found[0], ctx) + more
+
+
 def _message(finding: Finding) -> str:
     text = finding.summary or f"rule {finding.rule} is firing"
     where = f" (GPU {finding.gpu})" if finding.gpu else ""
@@ -388,10 +433,11 @@ def _quarantine(facts: NodeFacts, ctx: Context, *, reason: str, row: str, **extr
         event = Event("HealerTainted", f"tainted by rule {rule.name}: {message}")
     effects.append(SetCondition(healthy=False, reason=rule.name, message=message))
     effects.append(event)
+    done = "quarantined (cordoned and tainted)" if quarantine is not None else "tainted (not cordoned)"
     return Step(
         kind=StepKind.QUARANTINE,
         to=NodeState.QUARANTINED,
-        reason=f"{reason}: rule {rule.name} is firing",
+        reason=f"{done}: {reason}: {_finding_story(finding, ctx)}",
         effects=tuple(effects),
         evidence=_evidence(found),
         memory=memory,
@@ -474,14 +520,31 @@ def _released(f: NodeFacts, c: Context) -> Step:
         # The human wants the node back (uncordon) or owns it (cordon): healer's taint and condition
         # must not keep fighting them. Release uncordons only where healer's annotation says it
         # cordoned, and the node is already uncordoned in that case.
-        effects=(
-            Event("HealerReleased", f"node {what} by someone else; healer stops remediating it"),
-            Release(),
-        ),
+        effects=_release_effects(f, c, what),
         memory=Memory(forget_hold=True),
         already_out=True,
         row="human took over",
     )
+
+
+def _release_effects(f: NodeFacts, c: Context, what: str) -> tuple[Effect, ...]:
+    """Hand the node to the human; while a fault still fires, the condition keeps saying so
+    (``GpuHealthy=False``) instead of "released by healer"."""
+    effects: list[Effect] = [
+        Event("HealerReleased", f"node {what} by someone else; healer stops remediating it"),
+        Release(),
+    ]
+    hands_off = f"node {what} by someone else: healer is not remediating it"
+    still = [x for x in f.firing if (rule := c.rule(x.rule)) is None or _acting_kinds(rule)]
+    if still:
+        message = f"{_message(still[0])}; {hands_off}"
+        effects.append(SetCondition(healthy=False, reason=still[0].rule, message=message))
+    elif f.incident is not None and f.incident.rule:
+        # The drain pass sees no findings: the fault is taken as still there until a tick shows it
+        # clear ("human's node clear" sets the condition back to True).
+        message = f"rule {f.incident.rule} fired; {hands_off}"
+        effects.append(SetCondition(healthy=False, reason=f.incident.rule, message=message))
+    return tuple(effects)
 
 
 def _clear_of_concern(f: NodeFacts, c: Context) -> bool:
@@ -489,7 +552,10 @@ def _clear_of_concern(f: NodeFacts, c: Context) -> bool:
 
 
 def _quarantine_from_suspect(f: NodeFacts, c: Context) -> Step | None:
-    return _quarantine(f, c, reason="finding held for its rule's `for`", row="quarantine")
+    found = remediating(f, c)
+    rule = c.rule(found[0].rule) if found else None
+    hold = _hold(rule)
+    return _quarantine(f, c, reason=f"finding {hold}" if hold else "finding fired", row="quarantine")
 
 
 def _ticket_only(f: NodeFacts, c: Context) -> Step | None:
@@ -704,7 +770,7 @@ TABLE: tuple[Row, ...] = (
         lambda f, c: Step(
             StepKind.RECORD,
             NodeState.SUSPECT,
-            "finding " + ("firing" if f.firing else "pending") + ": watching",
+            _suspect_reason(f, c),
             evidence=_evidence(_concerning(f, c)),
             open_incident=True,
             row="suspect",
@@ -806,6 +872,8 @@ TABLE: tuple[Row, ...] = (
             StepKind.RECORD,
             NodeState.HEALTHY,
             "findings cleared after a human took over: a new firing starts a new incident",
+            # The condition said False while the fault fired after the hand-over; now it is true.
+            effects=(SetCondition(healthy=True, reason="FindingsCleared", message="no rule fires any more"),),
             close_incident="findings cleared after a human took over",
             row="human's node clear",
         ),

@@ -21,6 +21,7 @@ from healer.store.models import Finding as FindingRow
 SWITCH_PAUSED = "paused"  # {"paused": bool, "reason": str}
 SWITCH_BREAKER = "breaker"  # {"tripped": bool, "reason": str, "tripped_at": iso, "held": [node, ...]}
 SWITCH_LAST_TICK = "last_tick"  # {"at": iso, "duration_seconds": float, "leader": str}
+SWITCH_SOURCE = "source"  # {"ok": bool, "since": iso, "reason": str} (healer.model.source_health)
 SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
 
 

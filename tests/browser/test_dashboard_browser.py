@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
 
+from healer.engine.states import NodeState
 from healer.sources.prometheus_range import PrometheusRange
 from healer.store import migrate
+from healer.store import nodes as repo
 from healer.store.models import Incident
 from healer.store.session import make_engine, make_sessionmaker
 from tests.integration.test_api_support import (
@@ -51,6 +54,7 @@ NODE = "gpu-node-07"
 @dataclass
 class Dashboard:
     url: str
+    sessions: sessionmaker[Session]
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +79,12 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
             prom.wait_for_samples(f'count_over_time(DCGM_FI_DEV_GPU_TEMP{{Hostname="{NODE}"}}[1m]) >= 3')
             app = build_app(
                 factory,
-                make_settings(),
+                make_settings(refresh_seconds=2),
                 clock=lambda: datetime.now(UTC),
                 prometheus=PrometheusRange(prom.url, timeout_seconds=5),
             )
             with serve(app) as base:
-                yield Dashboard(url=base)
+                yield Dashboard(url=base, sessions=factory)
     finally:
         engine.dispose()
 
@@ -113,7 +117,7 @@ def log_in(page: Page, base: str, token: str) -> None:
     expect(page.get_by_test_id("identity")).to_be_visible()
 
 
-def test_fleet_to_node_page_with_timeline_and_chart(dashboard: Dashboard, page: Page) -> None:
+def test_fleet_to_node_page_with_timeline_and_chart(dashboard: Dashboard, page: Page, tmp_path: Path) -> None:
     page.goto(dashboard.url)
     expect(page.get_by_role("heading", name="Fleet")).to_be_visible()
     nodes = page.get_by_test_id("nodes")
@@ -126,10 +130,17 @@ def test_fleet_to_node_page_with_timeline_and_chart(dashboard: Dashboard, page: 
     expect(timeline).to_contain_text("GpuTooHot firing for 5m")
     expect(timeline).to_contain_text("suspect")
     chart = page.get_by_test_id("chart")
-    expect(chart.locator("svg")).to_have_count(2)
-    expect(chart.locator("path.series")).to_have_count(4)  # 2 GPUs x 2 panels
+    # The series of the rule that fired (GpuTooHot reads GPU temperature), with its threshold.
+    expect(chart.locator("svg")).to_have_count(1)
+    expect(chart.locator("figure.chart")).to_have_attribute(
+        "data-series", "max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP)"
+    )
+    expect(chart.locator("path.series")).to_have_count(2)  # 2 GPUs
+    expect(chart.get_by_test_id("threshold")).to_have_count(1)
+    expect(chart).to_contain_text("threshold > 78")
     d = chart.locator("path.series").first.get_attribute("d") or ""
     assert d.startswith("M") and " L" in d, d
+    chart.screenshot(path=str(tmp_path / "node-chart.png"))
     # The HTML label value is shown as text, not run.
     expect(page.get_by_test_id("findings")).to_contain_text('modelName="<script>alert("x")</script>"')
 
@@ -159,3 +170,35 @@ def test_operator_releases_the_node(dashboard: Dashboard, page: Page) -> None:
     expect(page.get_by_role("status")).to_contain_text("Node released")
     expect(page.get_by_test_id("node-state")).to_have_text("validating")
     expect(page.get_by_test_id("timeline")).to_contain_text("by alice: GPU 3 reseated")
+
+
+def test_fleet_page_shows_attention_first_and_refreshes_in_place(
+    dashboard: Dashboard, page: Page, tmp_path: Path
+) -> None:
+    page.goto(dashboard.url)
+    attention = page.get_by_test_id("attention")
+    expect(attention).to_be_visible()
+    headings = page.locator("#fleet-live h2").all_inner_texts()
+    assert headings[0] == "Needs attention", headings
+    assert (
+        headings.index("Remediation budget") < headings.index("Nodes not healthy") < headings.index("Rules")
+    )
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+
+    with dashboard.sessions() as s, s.begin():
+        node = repo.get_or_create_node(s, "gpu-node-42", now=datetime.now(UTC), pool="h100")
+        incident = repo.ensure_incident(s, node, now=datetime.now(UTC), summary="XidFatal firing")
+        incident.blocked_reason = "pool h100 at its budget (2 of 2 out of service)"
+        repo.transition(s, node, NodeState.BLOCKED, now=datetime.now(UTC), actor="healer", reason="refused")
+
+    row = attention.locator('tr[data-node="gpu-node-42"]')
+    expect(row).to_contain_text("blocked", timeout=15_000)
+    expect(row).to_contain_text("pool h100 at its budget")
+    assert page.evaluate("window.__sameDocument") is True  # refreshed without a full reload
+    # Blocked first, then awaiting repair past the limit, then unknown.
+    states = [t.strip() for t in attention.locator("tbody tr td:nth-child(3)").all_inner_texts()]
+    rank = {"blocked": 0, "awaiting_repair": 1, "unknown": 2}
+    assert "blocked" in states and [rank[x] for x in states] == sorted(rank[x] for x in states), states
+    shot = tmp_path / "fleet.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000

@@ -75,6 +75,19 @@ class TestFleet:
         assert "h100 2 2 0" in text  # pool, nodes, out of service, limit
         assert "XidFatal error" in text and "GpuTooHot ok" in text
 
+    def test_a_node_quarantined_by_taint_alone_is_shown_tainted(
+        self, client: httpx.Client, session_factory: sessionmaker[Session]
+    ) -> None:
+        with session_factory() as s, s.begin():
+            node = repo.get_or_create_node(s, "gpu-node-taint", now=NOW, pool="h100")
+            incident = repo.ensure_incident(s, node, now=NOW, summary="Throttled firing")
+            incident.cordoned_by_healer = False
+            incident.expect_unschedulable = False
+            repo.transition(s, node, NodeState.QUARANTINED, now=NOW, actor="healer", reason="tainted")
+        text = text_of(client.get("/"))
+        assert "gpu-node-taint h100 tainted" in text
+        assert "gpu-node-07 h100 quarantined" in text  # cordoned and tainted: still quarantined
+
     def test_unhealthy_table(self, client: httpx.Client) -> None:
         text = text_of(client.get("/"))
         assert "gpu-node-07 h100 quarantined 55m 0s ago GpuTooHot 3 default: pending" in text

@@ -380,6 +380,12 @@ def test_human_uncordon_mid_drain_stops_and_no_recordon_until_a_new_incident(har
     assert not seen["spec"].get("unschedulable")
     assert not any(t["key"] == "healer.dev/quarantined" for t in seen["spec"].get("taints") or [])
 
+    # The condition tells the truth: the fault still fires, and healer is not remediating.
+    [condition] = [c for c in seen["status"]["conditions"] if c["type"] == "GpuHealthy"]
+    assert condition["status"] == "False", condition
+    assert "healer is not remediating it" in condition["message"]
+    assert "released by healer" not in condition["message"]
+
     # Still firing: hands off, tick after tick.
     for minutes in (3, 10, 30):
         harness.remediate(tick(T0 + timedelta(minutes=minutes), hot("gpu-07")))
@@ -390,6 +396,8 @@ def test_human_uncordon_mid_drain_stops_and_no_recordon_until_a_new_incident(har
     # The finding clears (incident over), then fires again: a new incident, quarantined again.
     harness.remediate(tick(T0 + timedelta(minutes=40)))
     assert harness.state("gpu-07") == NodeState.HEALTHY
+    [condition] = [c for c in harness.k8s_node("gpu-07")["status"]["conditions"] if c["type"] == "GpuHealthy"]
+    assert condition["status"] == "True", condition
     harness.remediate(tick(T0 + timedelta(minutes=50), hot("gpu-07", fired_at=T0 + timedelta(minutes=50))))
     assert harness.cordoned() == ["gpu-07"]
     with harness.sessions() as s:

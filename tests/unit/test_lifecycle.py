@@ -203,7 +203,14 @@ CASES = [
         facts(NodeState.QUARANTINED, incident=HELD, firing=HOT, view=view(owned=True)),
         "human took over",
         NodeState.RELEASED,
-        ["Event", "Release"],
+        ["Event", "Release", "SetCondition"],  # the fault still fires: the condition stays False
+    ),
+    (
+        "quarantined, human uncordoned, no findings seen (drain pass) → released, condition False",
+        facts(NodeState.QUARANTINED, incident=HELD, view=view(owned=True)),
+        "human took over",
+        NodeState.RELEASED,
+        ["Event", "Release", "SetCondition"],  # until a tick shows the fault clear
     ),
     (
         "taint only, human cordoned → released",
@@ -214,14 +221,14 @@ CASES = [
         ),
         "human took over",
         NodeState.RELEASED,
-        ["Event", "Release"],
+        ["Event", "Release", "SetCondition"],  # not healthy until a tick shows Throttled clear
     ),
     (
         "draining, human uncordon mid-drain → released",
         facts(NodeState.DRAINING, incident=HELD, firing=HOT, view=view(owned=True)),
         "human took over",
         NodeState.RELEASED,
-        ["Event", "Release"],
+        ["Event", "Release", "SetCondition"],
     ),
     (
         "draining, no report yet → nothing (advance_drains drives it)",
@@ -475,7 +482,7 @@ CASES = [
         facts(NodeState.RELEASED, incident=incident(rule="GpuTooHot")),
         "human's node clear",
         NodeState.HEALTHY,
-        [],
+        ["SetCondition"],  # GpuHealthy back to True: the fault is gone
     ),
     ("healthy, no data → unknown", facts(NodeState.HEALTHY, unknown=True), "no data", NodeState.UNKNOWN, []),
     (
