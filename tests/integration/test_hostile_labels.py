@@ -17,7 +17,6 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from healer.tickets.receiver import Receiver
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +31,7 @@ from healer.store import nodes as repo
 from healer.store.models import Finding, Gpu, Node, RuleEvaluation
 from healer.tickets.delivery import deliver_due
 from healer.tickets.outbox import request_ticket
+from healer_dev.provider import Receiver
 from tests.integration.test_api_support import build_app, http_client
 from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, text_exporter
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from healer.tickets.receiver import Receiver
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import load_settings
 from healer.errors import ConfigError
 from healer.store.models import Ticket
 from healer.tickets.delivery import deliver_due
+from healer_dev.provider import Receiver
 from tests.integration.test_ticket_delivery import new_ticket
 
 RULE = """\
