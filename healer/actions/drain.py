@@ -37,9 +37,9 @@ from enum import StrEnum
 from typing import Any, cast
 
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from healer.actions.apierrors import api_call
+from healer.errors import KubernetesError
 from healer.model.drain import DrainOptions, DrainReport
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,22 @@ class Outcome(StrEnum):
     ERROR = "error"
 
 
+def _outcome(exc: KubernetesError, *, budgets: bool) -> tuple[Outcome, str]:
+    """One eviction's (or delete's) failure, as mapped by :mod:`healer.actions.apierrors`.
+
+    404, or 409 on the uid precondition: the pod is gone (a new pod reusing the name is not ours);
+    for an eviction, 429 or a 500 naming several budgets: a PodDisruptionBudget holds it; anything
+    else, transport errors and timeouts included (``status`` None), fails this pod only.
+    """
+    if exc.status in (404, 409):
+        return Outcome.GONE, ""
+    if budgets and exc.status == 429:
+        return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
+    if budgets and exc.status == 500 and "more than one" in str(exc):
+        return Outcome.BUDGET, "several PodDisruptionBudgets match this pod"
+    return Outcome.ERROR, str(exc)[:300]
+
+
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
     meta = metadata_of(pod)
     name, namespace = str(meta.name), str(meta.namespace)
@@ -207,15 +223,10 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
         ),
     )
     try:
-        core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=request_timeout)
-    except ApiException as exc:
-        if exc.status in (404, 409):  # gone, or a new pod reusing the name: ours is gone
-            return Outcome.GONE, ""
-        if exc.status == 429:
-            return Outcome.BUDGET, "a PodDisruptionBudget allows no disruption now"
-        if exc.status == 500 and "more than one" in (exc.body or ""):
-            return Outcome.BUDGET, "several PodDisruptionBudgets match this pod"
-        return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
+        with api_call(f"evict pod {namespace}/{name}"):
+            core.create_namespaced_pod_eviction(name, namespace, body, _request_timeout=request_timeout)
+    except KubernetesError as exc:
+        return _outcome(exc, budgets=True)
     return Outcome.EVICTED, ""
 
 
@@ -226,11 +237,10 @@ def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: fl
         grace_period_seconds=grace if grace >= 0 else None, preconditions=k8s.V1Preconditions(uid=meta.uid)
     )
     try:
-        core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=request_timeout)
-    except ApiException as exc:
-        if exc.status in (404, 409):
-            return Outcome.GONE, ""
-        return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
+        with api_call(f"delete pod {namespace}/{name}"):
+            core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=request_timeout)
+    except KubernetesError as exc:
+        return _outcome(exc, budgets=False)
     return Outcome.EVICTED, ""
 
 

@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -203,6 +204,21 @@ class KubernetesEmulator(RestDispatch):
         with self._lock:
             self._injected.append(_Injected(method.upper(), re.compile(path_regex), code, times))
 
+    def inject_delay(self, method: str, path_regex: str, seconds: float, *, times: int = 1) -> None:
+        """Hold the next ``times`` requests matching ``method`` and ``path_regex`` for ``seconds``
+        before serving them (a slow API server: the client may time out while the write still
+        happens, as a real eviction does)."""
+        with self._lock:
+            self._delays.append(_Injected(method.upper(), re.compile(path_regex), 0, times, seconds))
+
+    def _take_delay(self, method: str, path: str) -> float:
+        with self._lock:
+            for inj in self._delays:
+                if inj.times > 0 and inj.method == method and inj.path_pattern.search(path.split("?")[0]):
+                    inj.times -= 1
+                    return inj.delay
+        return 0.0
+
     def eviction_count(self, pod_key: str) -> int:
         """How many eviction requests for ``namespace/name`` were accepted (201)."""
         return sum(1 for e in self.evictions if e.pod == pod_key and e.code == 201)
@@ -232,6 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        delay = self.emu._take_delay(self.command, self.path)
+        if delay:
+            time.sleep(delay)
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
