@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from healer.sources.prometheus import PrometheusSource
     from healer.sources.prometheus_range import PrometheusRange
 
+
 def default_identity() -> str:
     """This replica's name for the Lease: the pod name in a cluster (``HOSTNAME``), else host+pid."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
@@ -189,6 +190,7 @@ def build_process(
         metrics=metrics,
         identity=identity,
         fleet=cluster.node_pools,
+        owned=cluster.owned_nodes,
     )
     app = dashboard(
         settings,

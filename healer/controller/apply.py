@@ -12,6 +12,7 @@ step does not record a second "cordon succeeded". Events are always sent, so alw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -62,8 +63,12 @@ def apply(
     now: datetime,
     actor: str,
     drain: DrainPlan | None = None,
+    check: Callable[[], None] = lambda: None,
 ) -> Applied:
     """Run ``step``'s effects on the node ``view`` (as read this reconcile).
+
+    ``check`` runs before each effect (the fence: raises ``NotLeader`` when this replica no longer
+    leads, which propagates: what was applied so far is settled by the ownership reconcile).
 
     ``StartDrain`` and ``RequestTicket`` are recorded, not applied here. Raises
     ``KubernetesNotFound`` (the node is gone); any other Kubernetes error ends the step with the
@@ -76,6 +81,7 @@ def apply(
     i = 0
     while i < len(effects):
         effect = effects[i]
+        check()
         try:
             match effect:
                 case lc.Cordon() | lc.Taint():

@@ -31,6 +31,7 @@ class _Injected:
     code: int
     times: int
     delay: float = 0.0  # seconds (inject_delay)
+    after_write: bool = False  # inject_delay: hold the answer, not the request
 
 
 class EmulatorState:
