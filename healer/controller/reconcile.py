@@ -247,13 +247,10 @@ class Reconciler:
         with transaction(self.sessions) as session:
             self.fence.check_db(session)
             node = repo.get_or_create_node(session, name, now=self.now)
-            if node.intent and (node.intent.get("step"), node.intent.get("at")) == (
-                step.row,
-                self.now.isoformat(),
-            ):
-                node.intent = (
-                    None  # this step's own; one left by a dead process waits for the ownership reconcile
-                )
+            # Clear this step's own intent; one a dead process left waits for the ownership reconcile.
+            intent = node.intent or {}
+            if (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat()):
+                node.intent = None
             done = applied.done
             if any(isinstance(e, lc.DrainStep) for e in step.effects):
                 self.record.drain_progress(session, node, error=applied.error, report=applied.drain)

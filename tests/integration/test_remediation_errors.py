@@ -1,4 +1,5 @@
-"""Errors that must not escape: a slow eviction, a broken connection, a step retried after a failure.
+"""Errors that must not escape (a slow eviction, a broken connection, a step retried after a
+failure) and what a killed process leaves on the cluster (the ownership reconcile).
 
 Over HTTP against the API emulator, on SQLite and PostgreSQL: a Kubernetes call slower than the
 request timeout (urllib3's ``ReadTimeoutError``) or a transport failure fails that node's step
@@ -11,10 +12,15 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import KubernetesSettings
+from healer.controller import ownership
+from healer.model.findings import TickFindings
+from healer.model.node import NodeEdit, Ownership
 from healer.model.states import ActionStatus, NodeState
+from healer.store.models import Incident, Node
 from healer_dev.k8s_emulator import KubernetesEmulator, pod
 from tests.integration.test_remediation import T0, Harness, fleet_nodes, hot, tick
 from tests.k8s_emulator import emulator, k8s_settings
@@ -87,3 +93,55 @@ def test_a_retried_step_records_each_effect_once(harness: Harness) -> None:
     assert done.count(("taint", ActionStatus.SUCCEEDED)) == 1
     assert done.count(("condition", ActionStatus.SUCCEEDED)) == 1
     assert done.count(("setcondition", ActionStatus.FAILED)) == 1
+
+
+def _marked_by_a_dead_process(harness: Harness, name: str) -> None:
+    """What a process killed between its cordon and its record leaves: the node cordoned, tainted,
+    annotated by healer, with nothing in the database."""
+    harness.actions.edit(
+        harness.actions.read_node(name),
+        NodeEdit(
+            cordon=Ownership(incident_id=7, reason="GpuTooHot", at=T0), taint=("GpuTooHot", "NoSchedule")
+        ),
+    )
+
+
+def test_marks_the_record_does_not_account_for_are_released_or_adopted(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(20))
+    _marked_by_a_dead_process(harness, "gpu-07")  # its finding is gone
+    _marked_by_a_dead_process(harness, "gpu-08")  # its finding still fires
+    findings = tick(T0 + timedelta(minutes=1), hot("gpu-08"))
+
+    settled = ownership.settle(
+        owned=harness.actions.owned_nodes,
+        actions=harness.actions,
+        sessions=harness.sessions,
+        findings=findings,
+        now=findings.at,
+    )
+    harness.remediate(findings)
+
+    assert (settled.released, settled.adopted) == (["gpu-07"], ["gpu-08"])
+    released = harness.k8s_node("gpu-07")
+    assert not released["spec"].get("unschedulable") and not released["spec"].get("taints")
+    assert not any(k.startswith("healer.dev/") for k in released["metadata"].get("annotations", {}))
+    assert harness.state("gpu-07") == NodeState.HEALTHY
+    assert [a.kind for a in harness.actions_of("gpu-07")] == ["release"]
+    adopted = harness.k8s_node("gpu-08")
+    assert adopted["spec"]["unschedulable"] is True
+    assert harness.state("gpu-08") == NodeState.DRAINING
+    with harness.sessions() as s:
+        incident = s.scalars(select(Incident).join(Node).where(Node.name == "gpu-08")).one()
+    assert adopted["metadata"]["annotations"]["healer.dev/incident"] == str(incident.id)
+
+    # While a rule's query fails, its finding may be firing unseen: nothing is released.
+    _marked_by_a_dead_process(harness, "gpu-09")
+    frozen = TickFindings(at=T0 + timedelta(minutes=2), frozen_rules=frozenset({"GpuTooHot"}))
+    kept = ownership.settle(
+        owned=harness.actions.owned_nodes,
+        actions=harness.actions,
+        sessions=harness.sessions,
+        findings=frozen,
+        now=frozen.at,
+    )
+    assert kept.released == [] and harness.k8s_node("gpu-09")["spec"]["unschedulable"] is True
