@@ -156,6 +156,7 @@ class Reconciler:
                 self._record(name, plan, applied)
             except StaleState as exc:
                 log.warning("%s", exc)
+                self._record_effects(name, plan, applied)  # what was done is audited all the same
                 return state, replace(outcome, step=step.row, refused="stale")
             if applied.error is not None:
                 return state, replace(outcome, step=step.row, error=applied.error)
@@ -259,6 +260,14 @@ class Reconciler:
                 self.record.effects(session, node, repo.open_incident(session, node), done, step)
             else:
                 self.record.step(session, node, step, done, firing=firing, expect=plan.from_state)
+
+    def _record_effects(self, name: str, plan: _Plan, applied: Applied) -> None:
+        """Only the audit rows of the effects performed (a step whose transition went stale)."""
+        assert plan.step is not None
+        with transaction(self.sessions) as session:
+            self.fence.check_db(session)
+            node = repo.get_or_create_node(session, name, now=self.now)
+            self.record.effects(session, node, repo.open_incident(session, node), applied.done, plan.step)
 
     # -- helpers --
 

@@ -8,6 +8,7 @@ only, never the pass for every node; a retried step records only the effects it 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -20,10 +21,13 @@ from healer.controller import ownership
 from healer.model.findings import TickFindings
 from healer.model.node import NodeEdit, Ownership
 from healer.model.states import ActionStatus, NodeState
+from healer.store import nodes as repo
 from healer.store.models import Incident, Node
+from healer.store.session import transaction
 from healer_dev.k8s_emulator import KubernetesEmulator, pod
 from tests.integration.test_remediation import T0, Harness, fleet_nodes, hot, tick
 from tests.k8s_emulator import emulator, k8s_settings
+from tests.services import wait_until
 
 __all__ = ["emulator", "k8s_settings"]
 
@@ -145,3 +149,33 @@ def test_marks_the_record_does_not_account_for_are_released_or_adopted(harness: 
         now=frozen.at,
     )
     assert kept.released == [] and harness.k8s_node("gpu-09")["spec"]["unschedulable"] is True
+
+
+def test_a_step_whose_state_moved_meanwhile_is_not_recorded(harness: Harness) -> None:
+    """Compare-and-set: the quarantine was decided from `suspect`; while its cordon is in flight
+    another writer (an operator, a provider callback) moves the node. The step's transition is not
+    written over theirs; the cordon it did is audited."""
+    harness.emu.load(fleet_nodes(20))
+    harness.emu.inject_delay("PATCH", r"/api/v1/nodes/gpu-10$", 0.8, after_write=True)
+    result: list[object] = []
+    worker = threading.Thread(
+        target=lambda: result.append(harness.remediate(tick(T0 + timedelta(seconds=5), hot("gpu-10"))))
+    )
+    worker.start()
+    wait_until(
+        lambda: harness.k8s_node("gpu-10")["spec"].get("unschedulable"), timeout=10, what="cordon applied"
+    )
+    with transaction(harness.sessions) as s:
+        node = s.scalars(select(Node).where(Node.name == "gpu-10")).one()
+        repo.transition(
+            s, node, NodeState.RELEASED, now=T0 + timedelta(seconds=5), actor="sre", reason="by hand"
+        )
+    worker.join(timeout=30)
+
+    assert harness.state("gpu-10") == NodeState.RELEASED
+    assert [b for _, b in harness.path("gpu-10")] == ["suspect", "released"]
+    assert [o.refused for o in result[0].outcomes] == ["stale"]  # type: ignore[attr-defined]
+    assert [a.kind for a in harness.actions_of("gpu-10") if a.kind in ("cordon", "taint")] == [
+        "cordon",
+        "taint",
+    ]
