@@ -150,7 +150,12 @@ class Controller:
                     log.info("became leader", extra={"identity": self.identity})
                     self.state = initial_state(self.session_factory)
                 else:
-                    log.warning("the database records a newer leader; standing by")
+                    log.error(
+                        "the database records a leader with a larger fencing number than this "
+                        "Lease's leaseTransitions (%d); standing by. If the Lease was deleted and "
+                        "recreated, delete the 'leader' row of the switches table to start over",
+                        self.leadership.fencing_token,
+                    )
         elif self._leader and not won:
             log.warning("lost leadership; stopping all actions", extra={"identity": self.identity})
         self._leader = won
