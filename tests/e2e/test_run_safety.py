@@ -13,13 +13,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store import migrate
@@ -50,6 +50,20 @@ groups:
         annotations: {{summary: "GPU {{{{ $labels.gpu }}}} at {{{{ $value }}}} C"}}
         actions: {actions}
 """
+
+
+@pytest.fixture
+def engine() -> Iterator[Callable[[str], Engine]]:
+    """Engines on the test's database, disposed at the end (no connection left to the collector)."""
+    made: list[Engine] = []
+
+    def make(url: str) -> Engine:
+        made.append(make_engine(url))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.dispose()
 
 
 @pytest.fixture
@@ -120,7 +134,7 @@ def condition(view: dict[str, Any]) -> str | None:
 
 
 def test_kill_9_between_cordon_and_record_then_restart_releases_the_node(
-    tmp_path: Path, cluster: KubernetesEmulator
+    tmp_path: Path, cluster: KubernetesEmulator, engine: Callable[[str], Engine]
 ) -> None:
     # The GPU is hot for 45 s of simulated time, then back to normal.
     scenario = (
@@ -131,7 +145,7 @@ def test_kill_9_between_cordon_and_record_then_restart_releases_the_node(
     (tmp_path / "rules" / "thermal.yaml").write_text(rules_yaml("[quarantine]"))
     db = f"sqlite:///{tmp_path / 'healer.db'}"
     migrate.upgrade(db)
-    sessions = make_sessionmaker(make_engine(db))
+    sessions = make_sessionmaker(engine(db))
     log = tmp_path / "healer.log"
     # The cordon patch is applied by the API server, but its answer is held for a minute: healer
     # has cordoned and not yet recorded it when it is killed.
@@ -214,7 +228,7 @@ def holder(cluster: KubernetesEmulator) -> str | None:
 
 @pytest.mark.postgres
 def test_a_frozen_leader_resumed_after_a_takeover_writes_nothing(
-    tmp_path: Path, cluster: KubernetesEmulator, pg_url: str
+    tmp_path: Path, cluster: KubernetesEmulator, pg_url: str, engine: Callable[[str], Engine]
 ) -> None:
     """The leader is frozen (SIGSTOP) in the middle of a step: its cordon patch is applied and its
     answer is on the way. The standby takes over and carries the node on; resumed (SIGCONT), the
@@ -226,7 +240,7 @@ def test_a_frozen_leader_resumed_after_a_takeover_writes_nothing(
     )
     (tmp_path / "rules").mkdir()
     (tmp_path / "rules" / "thermal.yaml").write_text(rules_yaml("[quarantine, {drain: {timeout: 10m}}]"))
-    sessions = make_sessionmaker(make_engine(pg_url))
+    sessions = make_sessionmaker(engine(pg_url))
     logs = {"healer-a": tmp_path / "a.log", "healer-b": tmp_path / "b.log"}
     # The first cordon patch is applied at once; its answer is held 15 s.
     cluster.inject_delay("PATCH", rf"/api/v1/nodes/{BAD}$", 15, after_write=True)
