@@ -84,3 +84,13 @@ class TicketError(HealerError):
 
 class SignatureError(TicketError):
     """An inbound provider callback failed HMAC verification (missing, wrong, stale or replayed)."""
+
+
+class NotLeader(HealerError):
+    """This replica no longer leads (its Lease expired, or a newer leader's fencing number is in the
+    database): the step in hand is abandoned, unwritten."""
+
+
+class StaleState(HealerError):
+    """A node's recorded state is no longer the one a step was decided from (another writer moved
+    it): the step is not recorded."""

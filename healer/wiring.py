@@ -240,6 +240,7 @@ def build_process(
         metrics=metrics,
         identity=identity,
         fleet=cluster.node_pools,
+        owned=cluster.owned_nodes,
     )
     app = dashboard(
         settings,

@@ -2,8 +2,11 @@
 
 ``ApiException`` status 404 → ``KubernetesNotFound``, 409 → ``KubernetesConflict``, 429 →
 ``KubernetesTooManyRequests``, any other → ``KubernetesError`` (``status`` set); a transport
-failure (connection refused, timeout) → ``KubernetesError`` with ``status=None``. The client's
-exception is always the ``__cause__``.
+failure (connection refused or reset, a read slower than ``_request_timeout``: urllib3's
+``ReadTimeoutError``, ``MaxRetryError``, ``ProtocolError``, or a raw ``OSError`` from the socket)
+→ ``KubernetesError`` with ``status=None``. The client's exception is always the ``__cause__``.
+Nothing else of the client escapes an adapter, so one slow or broken call fails one node's step,
+never a whole pass.
 """
 
 from __future__ import annotations
@@ -42,5 +45,5 @@ def api_call(what: str) -> Iterator[None]:
         yield
     except ApiException as exc:
         raise api_error(exc, what) from exc
-    except urllib3.exceptions.HTTPError as exc:
-        raise KubernetesError(f"{what}: {exc}", status=None) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise KubernetesError(f"{what}: {type(exc).__name__}: {exc}", status=None) from exc

@@ -66,6 +66,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from healer.actions.apierrors import api_call
+from healer.errors import KubernetesError
 from healer.model.drain import DrainOptions, DrainReport
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,15 @@ def is_budget_block(body: object) -> bool:
     return "DisruptionBudget" in _status_causes(body)
 
 
+def _outcome(exc: KubernetesError) -> tuple[Outcome, str]:
+    """A delete's failure, as mapped by :mod:`healer.actions.apierrors`: 404, or 409 on the uid
+    precondition, is gone (a new pod reusing the name is not ours); anything else, transport errors
+    and timeouts included (``status`` None), fails this pod only."""
+    if exc.status in (404, 409):
+        return Outcome.GONE, ""
+    return Outcome.ERROR, str(exc)[:300]
+
+
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
     meta = metadata_of(pod)
     name, namespace = str(meta.name), str(meta.namespace)
@@ -343,6 +353,8 @@ def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: flo
             if exc.status == 500 and "more than one PodDisruptionBudget" in (exc.body or ""):
                 return Outcome.SEVERAL_BUDGETS, "several PodDisruptionBudgets match this pod"
             return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
+        except (Urllib3Error, OSError) as exc:  # a timeout or a dropped connection: this pod only
+            return Outcome.ERROR, f"evict pod {namespace}/{name}: {type(exc).__name__}: {exc}"[:300]
         return Outcome.EVICTED, ""
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -354,11 +366,10 @@ def _delete(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: fl
         grace_period_seconds=grace if grace >= 0 else None, preconditions=k8s.V1Preconditions(uid=meta.uid)
     )
     try:
-        core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=request_timeout)
-    except ApiException as exc:
-        if exc.status in (404, 409):
-            return Outcome.GONE, ""
-        return Outcome.ERROR, f"HTTP {exc.status}: {(exc.body or exc.reason or '')[:300]}"
+        with api_call(f"delete pod {namespace}/{name}"):
+            core.delete_namespaced_pod(name, namespace, body=options, _request_timeout=request_timeout)
+    except KubernetesError as exc:
+        return _outcome(exc)
     return Outcome.EVICTED, ""
 
 

@@ -217,6 +217,17 @@ class KubernetesNodeActions:
                 pools[meta.name] = pool_of(meta.labels or {}, _gpus(n), pool_labels=labels)
         return pools
 
+    def owned_nodes(self) -> list[NodeView]:
+        """Every node carrying healer's marks now: an ownership annotation or healer's taint (one
+        list call). The ownership reconcile compares them with the database."""
+        with api_call("list nodes"):
+            nodes = self.core.list_node(_request_timeout=self._timeout)
+        views = [node_view(n) for n in nodes.items]
+        keys = set(self.keys.all())
+        return [
+            v for v in views if keys & set(v.annotations) or any(t[0] == self.taint_key for t in v.taints)
+        ]
+
     def human_uncordoned(self, name: str) -> bool:
         """Read the node: did a human uncordon it after healer cordoned it?"""
         return human_uncordoned(self.read_node(name), domain=self.settings.domain)

@@ -12,6 +12,16 @@ The algorithm is client-go's ``leaderelection.tryAcquireOrRenew`` (kubernetes/cl
 
 Expiry compares the holder's ``renewTime`` with this replica's ``now``: replicas' clocks must agree
 to well within ``lease_duration_seconds`` (NTP), as for any Lease-based election.
+
+A failed renewal (an API error, a timeout) does not drop leadership at once: as client-go's
+leader keeps retrying until its ``renewDeadline``, this one keeps leading while its last
+successful renewal is younger than the lease duration (:meth:`LeaderElector.still_leader`, checked
+before every write), and a standby cannot take over before then. A 409 (another replica wrote the
+Lease) or a Lease held by someone else ends it at once.
+
+Fencing: every acquisition by a new holder (an expired, released or empty Lease included)
+increments ``leaseTransitions``, as client-go does; :attr:`LeaderElector.fencing_token` is that
+number while this replica leads, so a newer leader always has a larger token.
 """
 
 from __future__ import annotations
@@ -62,6 +72,9 @@ class LeaderElector:
         self._timeout = settings.request_timeout_seconds
         self._leader = False
         self._renewed_at: datetime | None = None
+        #: ``leaseTransitions`` of the Lease as this replica last acquired or renewed it (the
+        #: fencing number stored with what it records); -1 before it first leads.
+        self.fencing_token = -1
         #: Why this replica does not lead now ("held by X", "Lease API error: ..."); "" when it does.
         self.why_not = ""
 
@@ -71,7 +84,8 @@ class LeaderElector:
         return self._leader
 
     def still_leader(self, now: datetime) -> bool:
-        """Leader and the last successful renewal has not expired at ``now`` (check before acting)."""
+        """Leader and the last successful renewal has not expired at ``now`` (check before every
+        write)."""
         return (
             self._leader
             and self._renewed_at is not None
@@ -85,9 +99,12 @@ class LeaderElector:
         self._leader = False
         return False
 
-    def _win(self, now: datetime) -> bool:
+    def _win(self, now: datetime, token: int) -> bool:
         if not self._leader:
-            log.info("lease %s/%s: %s is the leader", self.namespace, self.name, self.identity)
+            log.info(
+                "lease %s/%s: %s is the leader (fencing %d)", self.namespace, self.name, self.identity, token
+            )
+        self.fencing_token = token
         self._leader = True
         self._renewed_at = now
         self.why_not = ""
@@ -96,14 +113,23 @@ class LeaderElector:
     def try_acquire_or_renew(self, now: datetime) -> bool:
         """Acquire, renew or take over the Lease at ``now`` (aware UTC); True = this replica leads.
 
-        API failures (other than the 409 of losing a race) count as not leading this round: a
-        leader that cannot renew stops acting rather than risk two actors.
+        An API failure (other than the 409 of losing a race) keeps a leader leading while
+        :meth:`still_leader` holds (a transient failure, retried at the next renewal), and counts
+        as not leading for a replica that was not, or once the renew deadline has passed.
         """
         try:
             return self._try(now)
         except KubernetesConflict:
             return self._lose("another replica updated the Lease first (409)")
         except KubernetesError as exc:
+            if self.still_leader(now):
+                log.warning(
+                    "lease %s/%s: renewal failed, still leading until the deadline: %s",
+                    self.namespace,
+                    self.name,
+                    exc,
+                )
+                return True
             return self._lose(f"Lease API error: {exc}")
 
     def _read(self) -> k8s.V1Lease:
@@ -164,7 +190,7 @@ class LeaderElector:
                 self.api.create_namespaced_lease(
                     self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
                 )
-            return self._win(now)
+            return self._win(now, 0)
         spec = lease.spec or k8s.V1LeaseSpec()
         holder = spec.holder_identity or ""
         if holder and holder != self.identity:
@@ -176,13 +202,13 @@ class LeaderElector:
         if holder == self.identity:
             acquired = spec.acquire_time or now
         else:
-            acquired, transitions = now, transitions + (1 if holder else 0)
+            acquired, transitions = now, transitions + 1  # every takeover, as client-go counts them
         body = self._body(
             lease, holder=self.identity, duration=self.duration_seconds, acquired=acquired, renewed=now,
             transitions=transitions,
         )  # fmt: skip
         self._replace(body, "update")
-        return self._win(now)
+        return self._win(now, transitions)
 
     def release(self, now: datetime | None = None) -> None:
         """Give the Lease up (clear ``holderIdentity``) if this replica holds it; errors are logged,

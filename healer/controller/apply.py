@@ -4,10 +4,15 @@ The node's spec and metadata changes of a step (cordon, taint, ownership annotat
 adapter as ONE :class:`~healer.model.node.NodeEdit`, so they are one patch; the condition is one
 status patch; Events reuse the node as read. Each write returns the node as the API server
 answered, which the next step starts from (no re-read). The first failure stops the step.
+
+One audit row per effect actually performed: a write the adapter found already done (the node was
+as wanted, e.g. a step retried after a crash or a failure further on) adds no row, so a retried
+step does not record a second "cordon succeeded". Events are always sent, so always recorded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -58,8 +63,12 @@ def apply(
     now: datetime,
     actor: str,
     drain: DrainPlan | None = None,
+    check: Callable[[], None] = lambda: None,
 ) -> Applied:
     """Run ``step``'s effects on the node ``view`` (as read this reconcile).
+
+    ``check`` runs before each effect (the fence: raises ``NotLeader`` when this replica no longer
+    leads, which propagates: what was applied so far is settled by the ownership reconcile).
 
     ``StartDrain`` and ``RequestTicket`` are recorded, not applied here. Raises
     ``KubernetesNotFound`` (the node is gone); any other Kubernetes error ends the step with the
@@ -72,19 +81,25 @@ def apply(
     i = 0
     while i < len(effects):
         effect = effects[i]
+        check()
         try:
             match effect:
                 case lc.Cordon() | lc.Taint():
                     edit, rows = _edit(effects, i, incident_id=incident_id, now=now, actor=actor)
-                    applied.view = node = actions.edit(node, edit)
-                    applied.done += [Done(kind, detail, status) for kind, detail in rows]
+                    before, applied.view = node, actions.edit(node, edit)
+                    node = applied.view
+                    changed = {"cordon": _cordon_changed(before, node), "taint": before.taints != node.taints}
+                    applied.done += [Done(kind, detail, status) for kind, detail in rows if changed[kind]]
                     i += len(rows)
                     continue
                 case lc.SetCondition(healthy=healthy, reason=reason, message=message):
-                    applied.view = node = actions.set_condition(
-                        node, healthy=healthy, reason=reason, message=message, now=now
+                    before, applied.view = (
+                        node,
+                        actions.set_condition(node, healthy=healthy, reason=reason, message=message, now=now),
                     )
-                    applied.done.append(Done("condition", {"healthy": healthy, "reason": reason}, status))
+                    node = applied.view
+                    if before.condition_details != node.condition_details:
+                        applied.done.append(Done("condition", {"healthy": healthy, "reason": reason}, status))
                 case lc.Event(reason=reason, message=message, warning=warning, key=key):
                     actions.event(node, reason=reason, message=message, warning=warning, now=now)
                     detail: dict[str, Any] = {"reason": reason, "message": message}
@@ -92,8 +107,14 @@ def apply(
                         detail["key"] = key
                     applied.done.append(Done("notify" if key else "event", detail, status))
                 case lc.Release():
-                    applied.view = node = actions.release(node, now=now)
-                    applied.done.append(Done("release", {}, status))
+                    before, applied.view = node, actions.release(node, now=now)
+                    node = applied.view
+                    if (
+                        _cordon_changed(before, node)
+                        or before.taints != node.taints
+                        or before.condition_details != node.condition_details
+                    ):
+                        applied.done.append(Done("release", {}, status))
                 case lc.DrainStep():
                     plan = drain or DrainPlan(started_at=now, options=DrainOptions())
                     applied.drain = actions.drain_step(
@@ -110,6 +131,11 @@ def apply(
             return applied
         i += 1
     return applied
+
+
+def _cordon_changed(before: NodeView, after: NodeView) -> bool:
+    """The write changed the cordon or healer's ownership annotations (it was not a no-op)."""
+    return before.unschedulable != after.unschedulable or before.annotations != after.annotations
 
 
 def _edit(

@@ -29,6 +29,7 @@ from healer.config import Settings
 from healer.controller import fleet as fleet_facts
 from healer.controller import sticky_values
 from healer.controller.backoff import Backoff
+from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Seen, read
 from healer.controller.reconcile import NodeOutcome, Reconciler
 from healer.engine import safety
@@ -69,6 +70,7 @@ def _reconciler(
     *,
     findings: TickFindings | None = None,
     recovery_hold_seconds: float | None = None,
+    fence: Fence | None = None,
 ) -> Reconciler:
     """The pass's reconciler from (rules, actions, sessions, now, actor) and the settings."""
     rules, actions, sessions, now, actor = pass_inputs
@@ -88,6 +90,7 @@ def _reconciler(
         actor=actor,
         recovery_hold_seconds=hold,
         findings=findings,
+        fence=fence or Fence(),
     )
 
 
@@ -127,6 +130,7 @@ def remediate(
     fleet: Mapping[str, str] | None = None,
     recovery_hold_seconds: float | None = None,
     backoff: Backoff | None = None,
+    fence: Fence | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
 
@@ -145,6 +149,8 @@ def remediate(
             back, counted from when its last finding resolved (after the rule's ``keep_firing_for``);
             default ``settings.safety.recovery_hold_seconds``.
         backoff: the controller's per-node backoff (nodes failing recently are skipped).
+        fence: the leader's fence (``healer.controller.fence``); raises ``NotLeader`` from the
+            first write or record after this replica stopped leading. None: unfenced (CLI, tests).
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
@@ -156,7 +162,9 @@ def remediate(
     backoff = backoff or Backoff()
     limits = settings.safety.limits()
     inputs = (rules, actions, session_factory, now, actor)
-    rec = _reconciler(settings, inputs, findings=findings, recovery_hold_seconds=recovery_hold_seconds)
+    rec = _reconciler(
+        settings, inputs, findings=findings, recovery_hold_seconds=recovery_hold_seconds, fence=fence
+    )
     result = RemediationResult(at=now)
     with transaction(session_factory) as session:
         if fleet:
@@ -189,6 +197,7 @@ def remediate(
         )
         tripped = bool(breaker_row.get("tripped"))
         if not tripped and verdict.trip:
+            rec.fence.check_db(session)
             tripped = True
             breaker_row = {
                 "tripped": True,
@@ -219,6 +228,7 @@ def remediate(
     _reconcile_all(rec, fleet_facts.order(names, findings, states), seen, state, result, backoff, states)
     if tripped and rec.held != held_before:
         with transaction(session_factory) as session:
+            rec.fence.check_db(session)
             row = repo.get_switch(session, repo.SWITCH_BREAKER)
             row["held"] = sorted(set(row.get("held", [])) | set(rec.held))
             repo.set_switch(session, repo.SWITCH_BREAKER, row, now=now, by=actor)
@@ -235,6 +245,7 @@ def advance_drains(
     now: datetime,
     actor: str = "healer",
     backoff: Backoff | None = None,
+    fence: Fence | None = None,
 ) -> RemediationResult:
     """One drain round for every ``draining`` node, resumed from the database.
 
@@ -245,7 +256,7 @@ def advance_drains(
     recorded once); the deadline keeps running.
     """
     backoff = backoff or Backoff()
-    rec = _reconciler(settings, (rules, actions, session_factory, now, actor))
+    rec = _reconciler(settings, (rules, actions, session_factory, now, actor), fence=fence)
     result = RemediationResult(at=now)
     with transaction(session_factory) as session:
         names = [n.name for n in repo.nodes_in_states(session, [NodeState.DRAINING])]

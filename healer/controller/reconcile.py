@@ -14,6 +14,18 @@ effects run before the record and are idempotent, so a crash in between repeats 
 next time instead of leaving the database claiming a cordon that never happened (which would
 read as a human uncordon).
 
+Crash consistency: the step's intent (step, from, to, holder, fencing number) is written to the
+node's row in the transaction that decides it, before the first cluster write; the record clears
+it. A process killed in between leaves the intent and the node's ownership annotations behind,
+and :mod:`healer.controller.ownership` settles them on the next start (released, or adopted by
+the incident its still-firing finding opens).
+
+Fencing (:mod:`healer.controller.fence`): leadership is re-checked before every cluster write and
+every record, and the database's fencing number in the record's transaction; the transition is a
+compare-and-set on the state the step was decided from. :class:`~healer.errors.NotLeader` ends the
+pass (nothing more is written); :class:`~healer.errors.StaleState` drops that node's step (the
+next pass decides again from the state now recorded).
+
 A :class:`~healer.errors.KubernetesError` ends the reconcile with the failed effect recorded (the
 pass backs the node off); ``KubernetesNotFound`` means the node was deleted: its incident closes
 and its budget slot frees. Database errors propagate (the pass fails and is retried whole).
@@ -21,6 +33,7 @@ and its budget slot frees. Database errors propagate (the pass fails and is retr
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -29,17 +42,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.actions.base import NodeActions
 from healer.controller import sticky_values
 from healer.controller.apply import Applied, DrainPlan, apply
+from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Observation, Seen, observe
 from healer.controller.record import Recorder
 from healer.engine import lifecycle as lc
 from healer.engine import safety
-from healer.errors import KubernetesNotFound
+from healer.errors import KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.session import transaction
+
+log = logging.getLogger(__name__)
 
 #: Steps one node may take in one tick (healthy → suspect → quarantined → draining at most).
 MAX_STEPS_PER_TICK = 4
@@ -91,6 +107,7 @@ class Reconciler:
     recovery_hold_seconds: float
     findings: TickFindings | None = None
     held: list[str] = field(default_factory=list)
+    fence: Fence = field(default_factory=Fence)
 
     def __post_init__(self) -> None:
         self.ctx = lc.Context(
@@ -98,7 +115,11 @@ class Reconciler:
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self.record = Recorder(
-            actor=self.actor, now=self.now, audited=self.actions.status == ActionStatus.DRY_RUN
+            actor=self.actor,
+            now=self.now,
+            audited=self.actions.status == ActionStatus.DRY_RUN,
+            holder=self.fence.holder,
+            fencing_token=self.fence.token,
         )
 
     def reconcile(
@@ -133,10 +154,14 @@ class Reconciler:
             except KubernetesNotFound:
                 seen, report = Seen(None, deleted=True), None
                 continue
-            if applied.error is not None:
+            try:
                 self._record(name, plan, applied)
+            except StaleState as exc:
+                log.warning("%s", exc)
+                self._record_effects(name, plan, applied)  # what was done is audited all the same
+                return state, replace(outcome, step=step.row, refused="stale")
+            if applied.error is not None:
                 return state, replace(outcome, step=step.row, error=applied.error)
-            self._record(name, plan, applied)
             seen, report = Seen(applied.view, deleted=seen.deleted), applied.drain
             if report is not None:
                 continue  # the drain round's report decides the next step
@@ -160,6 +185,7 @@ class Reconciler:
     ) -> tuple[_Plan, safety.SafetyState]:
         """Observe → decide → judge, in one transaction (a refusal is recorded there)."""
         with transaction(self.sessions) as session:
+            self.fence.check_db(session)
             obs = observe(
                 session,
                 name,
@@ -190,6 +216,15 @@ class Reconciler:
                     plan.blocked = self.record.refusal(session, obs.node, plan.step, decision)
                     if decision.reason == safety.Refusal.BREAKER and name not in self.held:
                         self.held.append(name)
+                elif seen.view is not None and plan.step.effects:
+                    obs.node.intent = {
+                        "step": plan.step.row,
+                        "from": plan.from_state,
+                        "to": str(plan.step.to) if plan.step.to else None,
+                        "holder": self.fence.holder,
+                        "fencing_token": self.fence.token,
+                        "at": self.now.isoformat(),
+                    }
         return plan, state
 
     def _apply(self, seen: Seen, plan: _Plan) -> Applied:
@@ -205,6 +240,7 @@ class Reconciler:
             now=self.now,
             actor=self.actor,
             drain=plan.drain,
+            check=self.fence.check,
         )
 
     def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
@@ -213,7 +249,12 @@ class Reconciler:
         assert step is not None
         firing = list(self.findings.firing.get(name, ())) if self.findings else []
         with transaction(self.sessions) as session:
+            self.fence.check_db(session)
             node = repo.get_or_create_node(session, name, now=self.now)
+            # Clear this step's own intent; one a dead process left waits for the ownership reconcile.
+            intent = node.intent or {}
+            if (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat()):
+                node.intent = None
             done = applied.done
             if any(isinstance(e, lc.DrainStep) for e in step.effects):
                 self.record.drain_progress(session, node, error=applied.error, report=applied.drain)
@@ -221,7 +262,15 @@ class Reconciler:
             if applied.error is not None:
                 self.record.effects(session, node, repo.open_incident(session, node), done, step)
             else:
-                self.record.step(session, node, step, done, firing=firing)
+                self.record.step(session, node, step, done, firing=firing, expect=plan.from_state)
+
+    def _record_effects(self, name: str, plan: _Plan, applied: Applied) -> None:
+        """Only the audit rows of the effects performed (a step whose transition went stale)."""
+        assert plan.step is not None
+        with transaction(self.sessions) as session:
+            self.fence.check_db(session)
+            node = repo.get_or_create_node(session, name, now=self.now)
+            self.record.effects(session, node, repo.open_incident(session, node), applied.done, plan.step)
 
     # -- helpers --
 
@@ -252,9 +301,18 @@ class Reconciler:
         if seen.view is None:
             return
         try:
-            applied = apply(self.actions, seen.view, notice, incident_id=None, now=self.now, actor=self.actor)
+            applied = apply(
+                self.actions,
+                seen.view,
+                notice,
+                incident_id=None,
+                now=self.now,
+                actor=self.actor,
+                check=self.fence.check,
+            )
         except KubernetesNotFound:
             return
         with transaction(self.sessions) as session:
+            self.fence.check_db(session)
             node = repo.get_or_create_node(session, name, now=self.now)
             self.record.effects(session, node, repo.open_incident(session, node), applied.done, notice)

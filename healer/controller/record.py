@@ -30,11 +30,24 @@ class Recorder:
     actor: str
     now: datetime
     audited: bool = False
+    holder: str | None = None
+    fencing_token: int | None = None
 
     def step(
-        self, session: Session, node: Node, step: lc.Step, done: Sequence[Done], *, firing: list[Finding]
+        self,
+        session: Session,
+        node: Node,
+        step: lc.Step,
+        done: Sequence[Done],
+        *,
+        firing: list[Finding],
+        expect: str | None = None,
     ) -> None:
-        """Incident changes, memory, drain start, audit rows, tickets, transition."""
+        """Incident changes, memory, drain start, audit rows, tickets, transition.
+
+        ``expect``: the state the step was decided from (the transition is a compare-and-set on
+        it; ``StaleState`` when the node moved meanwhile, and the caller's transaction rolls back).
+        """
         now = self.now
         incident = repo.open_incident(session, node)
         if step.new_incident and incident is not None:
@@ -86,6 +99,9 @@ class Recorder:
                 reason=step.reason,
                 evidence=step.evidence,
                 incident=incident,
+                expect=expect,
+                holder=self.holder,
+                fencing_token=self.fencing_token,
             )
         if step.close_incident is not None and not step.new_incident:
             repo.close_incident(session, node, now=now, reason=step.close_incident)
@@ -154,6 +170,8 @@ class Recorder:
             reason=f"{reason}: {decision.message}",
             evidence=step.evidence,
             incident=incident,
+            holder=self.holder,
+            fencing_token=self.fencing_token,
         )
         return True
 

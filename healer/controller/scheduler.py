@@ -11,7 +11,11 @@ Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not st
   ``scheduler.retention_days``.
 
 Only the leader ticks, drains and delivers; the others keep serving the dashboard and trying for
-the Lease. A lost Lease stops acting at the next check (before each job and each node step).
+the Lease. A lost Lease stops acting at the next check: before each job, and before every cluster
+write and every record (:mod:`healer.controller.fence`: also a newer leader's fencing number in
+the database). Each tick begins its remediation with the ownership reconcile
+(:mod:`healer.controller.ownership`), so the first tick after a start settles what a killed
+process left half done.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
 from healer.config import Settings
+from healer.controller import ownership
 from healer.controller.backoff import Backoff
+from healer.controller.fence import Fence, claim
 from healer.controller.passes import RemediationResult, advance_drains, remediate
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
-from healer.errors import HealerError
+from healer.errors import HealerError, NotLeader
 from healer.metrics import HealerMetrics
+from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleGroup
@@ -61,6 +68,8 @@ class Leadership(Protocol):
 
     #: Why this replica does not lead now ("held by X", "Lease API error: ..."), "" when it does.
     why_not: str
+    #: The Lease's ``leaseTransitions`` as this replica last acquired or renewed it.
+    fencing_token: int
 
 
 def due_groups(
@@ -118,6 +127,7 @@ class Controller:
     metrics: HealerMetrics
     identity: str = "healer"
     fleet: Callable[[], dict[str, str] | None] = lambda: None
+    owned: Callable[[], list[NodeView]] = list
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -137,6 +147,10 @@ class Controller:
         """True while this replica holds the Lease (re-read at each call: it can change mid-tick)."""
         return self._leader and self.leadership.still_leader(self.clock())
 
+    def fence(self) -> Fence:
+        """This replica's fence: its identity, the Lease's fencing number, and :meth:`is_leader`."""
+        return Fence(holder=self.identity, token=self.leadership.fencing_token, leading=self.is_leader)
+
     def keep_lease(self) -> None:
         """Acquire or renew the Lease; a newly won leadership resumes from the database."""
         now = self.clock()
@@ -151,9 +165,19 @@ class Controller:
             log.warning("standing by, not acting: %s", why_not)
         self._why_not = why_not
         if won and not self._leader:
-            log.info("became leader", extra={"identity": self.identity})
             with self._lock:
-                self.state = initial_state(self.session_factory)
+                with transaction(self.session_factory) as session:
+                    won = claim(session, self.fence(), now=now)
+                if won:
+                    log.info("became leader", extra={"identity": self.identity})
+                    self.state = initial_state(self.session_factory)
+                else:
+                    log.error(
+                        "the database records a leader with a larger fencing number than this "
+                        "Lease's leaseTransitions (%d); standing by. If the Lease was deleted and "
+                        "recreated, delete the 'leader' row of the switches table to start over",
+                        self.leadership.fencing_token,
+                    )
         elif self._leader and not won:
             log.warning("lost leadership; stopping all actions", extra={"identity": self.identity})
         self._leader = won
@@ -198,6 +222,14 @@ class Controller:
                     self.metrics.count_cleaned(report.rule, report.cleaned)
                 if not self.is_leader():
                     return
+                ownership.settle(
+                    owned=self.owned,
+                    actions=self.actions,
+                    sessions=self.session_factory,
+                    findings=detection.findings,
+                    now=now,
+                    fence=self.fence(),
+                )
                 result = remediate(
                     findings=detection.findings,
                     rules=ruleset,
@@ -207,6 +239,7 @@ class Controller:
                     now=now,
                     fleet=self._fleet(),
                     backoff=self._backoff,
+                    fence=self.fence(),
                 )
                 self._count(result)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
@@ -216,25 +249,27 @@ class Controller:
                         len(changed),
                         extra={"nodes": {o.node: f"{o.from_state}->{o.to_state}" for o in changed}},
                     )
+            except NotLeader as exc:
+                ok = False
+                log.warning("stopped mid-tick, nothing more written: %s", exc)
             except Exception:
                 ok = False  # recorded below; the job wrapper logs the traceback once
                 raise
             finally:
                 duration = (self.clock() - started).total_seconds()
                 self.metrics.observe_tick(duration_seconds=duration, ok=ok)
-                with transaction(self.session_factory) as session:
-                    repo.set_switch(
-                        session,
-                        repo.SWITCH_LAST_TICK,
-                        {
-                            "at": now.isoformat(),
-                            "duration_seconds": duration,
-                            "leader": self.identity,
-                            "ok": ok,
-                        },
-                        now=now,
-                        by=self.identity,
-                    )
+                if self.is_leader():  # a replica that stopped leading records nothing
+                    self._record_tick(now, duration, ok)
+
+    def _record_tick(self, now: datetime, duration: float, ok: bool) -> None:
+        with transaction(self.session_factory) as session:
+            repo.set_switch(
+                session,
+                repo.SWITCH_LAST_TICK,
+                {"at": now.isoformat(), "duration_seconds": duration, "leader": self.identity, "ok": ok},
+                now=now,
+                by=self.identity,
+            )
 
     def _record_source(self, detection: DetectionResult, now: datetime) -> None:
         """Record whether the source answered this tick (the ``source`` switch, read by /readyz and
@@ -280,14 +315,19 @@ class Controller:
         if not self.is_leader():
             return
         with self._lock:
-            result = advance_drains(
-                rules=self.rules.ruleset,
-                actions=self.actions,
-                session_factory=self.session_factory,
-                settings=self.settings,
-                now=self.clock(),
-                backoff=self._backoff,
-            )
+            try:
+                result = advance_drains(
+                    rules=self.rules.ruleset,
+                    actions=self.actions,
+                    session_factory=self.session_factory,
+                    settings=self.settings,
+                    now=self.clock(),
+                    backoff=self._backoff,
+                    fence=self.fence(),
+                )
+            except NotLeader as exc:
+                log.warning("stopped mid-drain pass, nothing more written: %s", exc)
+                return
             self._count(result)
 
     def outbox(self) -> None:

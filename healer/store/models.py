@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Float,
     ForeignKey,
@@ -56,6 +57,10 @@ class Node(Base):
     updated_at: Mapped[datetime]
     # Sticky gauges (healer.engine.sticky): series key → value seen when the last repair was accepted.
     sticky_values: Mapped[dict[str, Any] | None]
+    #: The step being applied to the cluster now, written before its first write and cleared with
+    #: its record ({"step", "to", "from", "holder", "fencing_token", "at"}); one left behind means
+    #: the process died in between (the ownership reconcile finishes the job).
+    intent: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     gpus: Mapped[list[Gpu]] = relationship(back_populates="node", order_by="Gpu.index")
 
@@ -191,6 +196,10 @@ class Transition(Base):
     reason: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, Any] | None]
     at: Mapped[datetime]
+    #: The Lease holder that recorded it and its fencing number (the Lease's ``leaseTransitions``
+    #: when it took the Lease); None for steps not taken by the leader (provider callbacks, CLI).
+    holder: Mapped[str | None] = mapped_column(String(253), default=None)
+    fencing_token: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
     __table_args__ = (Index("ix_transitions_node_id_at", "node_id", "at"),)
 

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
+from healer.errors import StaleState
 from healer.model.states import NodeState
 from healer.store.models import Action, Incident, Node, Switch, Transition
 from healer.store.models import Finding as FindingRow
@@ -70,10 +71,29 @@ def transition(
     reason: str,
     evidence: dict[str, Any] | None = None,
     incident: Incident | None = None,
+    expect: str | None = None,
+    holder: str | None = None,
+    fencing_token: int | None = None,
 ) -> Transition:
-    """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when)."""
+    """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when).
+
+    ``expect``: the state the step was decided from; the move is a compare-and-set
+    (``UPDATE nodes ... WHERE id = :id AND state = :expect``) and raises :class:`StaleState` when
+    another writer moved the node since. ``holder`` and ``fencing_token``: the Lease holder
+    recording it and its fencing number (see ``healer.controller.fence``).
+    """
     if incident is None:
         incident = open_incident(session, node)
+    if expect is not None:
+        moved = session.execute(
+            update(Node)
+            .where(Node.id == node.id, Node.state == str(expect))
+            .values(state=str(to_state), state_since=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        if getattr(moved, "rowcount", 1) != 1:
+            raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
+        node.state = str(expect)  # the in-memory row as the UPDATE found it, moved below
     row = Transition(
         node_id=node.id,
         incident_id=incident.id if incident else None,
@@ -83,6 +103,8 @@ def transition(
         reason=reason,
         evidence=evidence,
         at=now,
+        holder=holder,
+        fencing_token=fencing_token,
     )
     node.state = str(to_state)
     node.state_since = now

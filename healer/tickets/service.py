@@ -12,6 +12,11 @@ are harmless)::
     pending, sent, failed  <  acknowledged  <  in_progress = needs_info  <  resolved
     rejected, resolved, closed: final
 
+Duplicates arriving at the same moment are serialised on the ticket's row: the callback reads the
+ticket ``SELECT ... FOR UPDATE`` (PostgreSQL; SQLite has one writer at a time anyway), so the
+second waits for the first to commit, then sees its status and changes nothing (one audit row, one
+``changed: true``, the node's validation clock started once).
+
 A late ``acknowledged`` after ``in_progress`` or ``resolved`` changes nothing; ``needs_info`` and
 ``in_progress`` may alternate; ``resolved`` or ``rejected`` end it. ``resolved`` moves the node
 ``repaired`` → ``validating`` (when it is waiting for the repair), which returns it to service
@@ -106,6 +111,20 @@ def _ticket(session: Session, ticket_id: int) -> Ticket:
     return ticket
 
 
+def _locked_ticket(session: Session, ticket_id: int) -> Ticket:
+    """The ticket, its row locked until the caller's transaction ends, read fresh (not from the
+    session's identity map, which could hold a copy from before another callback committed)."""
+    ticket = session.scalar(
+        select(Ticket)
+        .where(Ticket.id == ticket_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if ticket is None:
+        raise TicketNotFound(f"unknown ticket {ticket_id}")
+    return ticket
+
+
 def apply_provider_status(
     session: Session,
     *,
@@ -131,7 +150,7 @@ def apply_provider_status(
         raise ValueError(f"a provider cannot report status {status!r}")
     if status in NEEDS_REASON and not (reason or "").strip():
         raise ValueError(f"status {status} needs a reason")
-    ticket = _ticket(session, ticket_id)
+    ticket = _locked_ticket(session, ticket_id)
     previous = ticket.status
     when = at or now
     actor = f"provider:{ticket.provider}"

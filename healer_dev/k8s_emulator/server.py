@@ -204,6 +204,25 @@ class KubernetesEmulator(RestDispatch):
         with self._lock:
             self._injected.append(_Injected(method.upper(), re.compile(path_regex), code, times))
 
+    def inject_delay(
+        self, method: str, path_regex: str, seconds: float, *, times: int = 1, after_write: bool = False
+    ) -> None:
+        """Hold the next ``times`` requests matching ``method`` and ``path_regex`` for ``seconds``
+        (a slow API server: the client may time out while the write still happens, as a real
+        eviction does). ``after_write``: apply the request first, then hold the answer (the write
+        is visible while the client still waits: the moment to kill it in a crash test)."""
+        with self._lock:
+            inj = _Injected(method.upper(), re.compile(path_regex), 0, times, seconds, after_write)
+            self._delays.append(inj)
+
+    def _take_delay(self, method: str, path: str) -> tuple[float, bool]:
+        with self._lock:
+            for inj in self._delays:
+                if inj.times > 0 and inj.method == method and inj.path_pattern.search(path.split("?")[0]):
+                    inj.times -= 1
+                    return inj.delay, inj.after_write
+        return 0.0, False
+
     def eviction_count(self, pod_key: str) -> int:
         """How many eviction requests for ``namespace/name`` were accepted (201)."""
         return sum(1 for e in self.evictions if e.pod == pod_key and e.code == 201)
@@ -233,6 +252,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        delay, after_write = self.emu._take_delay(self.command, self.path)
+        if delay and not after_write:
+            time.sleep(delay)
         try:
             body = json.loads(raw) if raw else None
         except ValueError:
@@ -251,6 +273,8 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception as exc:  # an emulator bug: answer 500 instead of hanging the client
                 code, payload = 500, ApiError(500, "InternalError", f"emulator bug: {exc!r}").body()
         data = json.dumps(payload).encode()
+        if delay and after_write:
+            time.sleep(delay)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

@@ -30,6 +30,8 @@ class _Injected:
     path_pattern: re.Pattern[str]
     code: int
     times: int
+    delay: float = 0.0  # seconds (inject_delay)
+    after_write: bool = False  # inject_delay: hold the answer, not the request
 
 
 class EmulatorState:
@@ -49,6 +51,7 @@ class EmulatorState:
         self._ghosts: list[Obj] = []  # evicted controller-owned pods whose replacement is not up
         self._terminating: dict[tuple[str, str], float] = {}  # (ns, name) -> monotonic removal time
         self._injected: list[_Injected] = []
+        self._delays: list[_Injected] = []
         # Bounded so a long demo does not grow without limit; tests read them as sequences.
         self.requests: deque[tuple[str, str]] = deque(maxlen=100_000)  # (method, path with query)
         self.evictions: deque[Eviction] = deque(maxlen=100_000)

@@ -590,14 +590,23 @@ class TestLease:
             for c in clients:
                 c.close()
 
-    def test_api_failure_means_not_leading(
+    def test_a_failed_renewal_keeps_leading_until_the_lease_duration(
         self, emulator: KubernetesEmulator, k8s_api: ApiClient, k8s_settings: KubernetesSettings
     ) -> None:
+        """client-go's leader retries its renewal until its deadline; one failure is not a loss
+        (issue 12: dropping leadership on one failed renewal). Past the duration it is."""
         a = LeaderElector(k8s_api, k8s_settings, identity="healer-a")
+        b = LeaderElector(k8s_api, k8s_settings, identity="healer-b")
         assert a.try_acquire_or_renew(T0)
         emulator.inject_error("PUT", r"/leases/healer-leader$", 500)
-        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=5))
-        assert a.try_acquire_or_renew(T0 + timedelta(seconds=10))
+        assert a.try_acquire_or_renew(T0 + timedelta(seconds=5))  # one failure: still leading
+        assert a.try_acquire_or_renew(T0 + timedelta(seconds=10))  # renewed again
+        emulator.inject_error("PUT", r"/leases/healer-leader$", 500, times=2)
+        assert a.try_acquire_or_renew(T0 + timedelta(seconds=20))  # renewed at 10: lasts until 25
+        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=25))  # API down past the duration
+        assert not a.still_leader(T0 + timedelta(seconds=25))
+        assert b.try_acquire_or_renew(T0 + timedelta(seconds=26))
+        assert b.fencing_token > a.fencing_token >= 0
 
 
 # --- dry-run -----------------------------------------------------------------------------------

@@ -75,3 +75,51 @@ def test_cli_db_upgrade_creates_the_schema(db_url: str, monkeypatch: pytest.Monk
         assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_fencing_columns_come_and_go_with_their_migration(migrated_db_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import insert, select
+
+    from healer.store import migrate
+    from healer.store.models import Transition
+    from healer.store.session import make_engine
+
+    def columns(table: str) -> set[str]:
+        engine = make_engine(migrated_db_url)
+        try:
+            return {c["name"] for c in inspect(engine).get_columns(table)}
+        finally:
+            engine.dispose()
+
+    assert {"holder", "fencing_token"} <= columns("transitions") and "intent" in columns("nodes")
+    command.downgrade(migrate.alembic_config(migrated_db_url), "0001")
+    assert not {"holder", "fencing_token"} & columns("transitions") and "intent" not in columns("nodes")
+    migrate.upgrade(migrated_db_url)
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    engine = make_engine(migrated_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(Node).values(
+                    name="n1", state="healthy", state_since=now, created_at=now, updated_at=now
+                )
+            )
+            conn.execute(
+                insert(Transition).values(
+                    node_id=1,
+                    from_state="healthy",
+                    to_state="suspect",
+                    actor="healer",
+                    reason="r",
+                    at=now,
+                    holder="healer-b",
+                    fencing_token=2**40,
+                )
+            )
+            assert conn.execute(select(Transition.holder, Transition.fencing_token)).one() == (
+                "healer-b",
+                2**40,
+            )
+    finally:
+        engine.dispose()

@@ -1,0 +1,127 @@
+"""Concurrency on a real PostgreSQL: duplicate provider callbacks at the same moment, and replicas
+running ``healer db upgrade`` at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from sqlalchemy import func, inspect, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.engine.states import NodeState, TicketStatus
+from healer.store import migrate
+from healer.store.models import Action, Base, Node, Ticket, Transition
+from healer.store.session import make_engine, make_sessionmaker, transaction
+from healer.tickets import service
+from tests.integration.test_ticket_callbacks import sent_ticket
+from tests.integration.test_ticket_delivery import NOW
+from tests.services import PostgresServer, wait_until
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    url = postgres.create_database(name)
+    yield url
+    postgres.drop_database(name)
+
+
+@pytest.fixture
+def pg_sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
+    migrate.upgrade(pg_url)
+    engine = make_engine(pg_url, pool_size=10)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+def test_duplicate_callbacks_at_the_same_moment_are_applied_once(pg_sessions: sessionmaker[Session]) -> None:
+    ticket_id = sent_ticket(pg_sessions)
+    with transaction(pg_sessions) as s:
+        ticket = s.get(Ticket, ticket_id)
+        assert ticket is not None
+        node = s.get(Node, ticket.node_id)
+        assert node is not None
+        node.state = NodeState.AWAITING_REPAIR
+    copies = 6
+    start = threading.Barrier(copies)
+    changes: list[service.StatusChange] = []
+    failures: list[BaseException] = []
+
+    def deliver(i: int) -> None:
+        try:
+            start.wait(timeout=30)
+            with transaction(pg_sessions) as s:
+                change = service.apply_provider_status(
+                    s,
+                    ticket_id=ticket_id,
+                    status=TicketStatus.RESOLVED,
+                    now=NOW + timedelta(milliseconds=i),
+                    external_id="ACME-1",
+                )
+            changes.append(change)
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=deliver, args=(i,)) for i in range(copies)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+    assert failures == []
+    assert sorted(c.changed for c in changes) == [False] * (copies - 1) + [True]
+    with pg_sessions() as s:
+        audit = s.scalars(select(Action).where(Action.kind == "ticket_status")).all()
+        moves = s.execute(select(Transition.from_state, Transition.to_state).order_by(Transition.id)).all()
+        node_state, since = s.execute(select(Node.state, Node.state_since)).one()
+        last_at = s.scalar(select(Transition.at).order_by(Transition.id.desc()).limit(1))
+    assert len(audit) == 1
+    assert [tuple(m) for m in moves][-2:] == [("awaiting_repair", "repaired"), ("repaired", "validating")]
+    assert [m[1] for m in moves].count("validating") == 1, "clock started once"
+    assert node_state == NodeState.VALIDATING
+    assert since == last_at, "the node's clock is the one callback's that moved it"
+
+
+def _advisory_waiters(pg_url: str) -> int:
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_two_replicas_upgrading_at_once_both_succeed(pg_url: str) -> None:
+    env = {**os.environ, "HEALER_DATABASE__URL": pg_url}
+    cmd = [sys.executable, "-m", "healer", "db", "upgrade"]
+    # Hold the lock so both replicas are surely inside `db upgrade` together, then let them go.
+    with migrate.migration_lock(pg_url):
+        procs = [
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in "ab"
+        ]
+        try:
+            wait_until(lambda: _advisory_waiters(pg_url) == 2, timeout=60, what="both replicas waiting")
+        except BaseException:
+            for p in procs:
+                p.kill()
+            raise
+    outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert all("database at revision head" in out for out in outputs)
+    engine = make_engine(pg_url)
+    try:
+        assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
+        with engine.connect() as conn:
+            assert conn.scalar(select(func.count()).select_from(Base.metadata.tables["nodes"])) == 0
+    finally:
+        engine.dispose()
