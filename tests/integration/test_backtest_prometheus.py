@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from healer.cli import app
@@ -199,3 +200,39 @@ def test_html_report_has_a_timeline_per_node(prometheus_url: str, monkeypatch: p
     for node in ("gpu-node-03", "gpu-node-07", "gpu-node-11"):
         assert f'data-node="{node}"' in html
     assert 'data-node="gpu-node-14"' not in html
+
+
+def test_the_rules_page_links_a_rules_backtest_report(
+    prometheus_url: str, session_factory: sessionmaker[Session]
+) -> None:
+    from healer.config import load_settings
+    from healer.ruleset.loading import load_ruleset
+    from tests.integration.test_api_support import VIEWER_TOKEN, bearer, build_app, http_client
+
+    settings = load_settings(
+        prometheus={"url": prometheus_url, "timeout_seconds": 30.0},
+        api={
+            "tokens": [{"token": VIEWER_TOKEN, "user": "victor", "role": "viewer"}],
+            "csrf_secret": "x" * 32,
+        },
+        safety={"max_unhealthy": 3},
+    )
+    ruleset = load_ruleset([REPO / "rules"], promtool=False)
+    end = START + timedelta(hours=HOURS)
+    app = build_app(session_factory, settings, clock=lambda: end, ruleset_provider=lambda: ruleset)
+    with http_client(app) as client:
+        rules_page = client.get("/rules", headers=bearer(VIEWER_TOKEN))
+        assert rules_page.status_code == 200
+        assert 'href="/rules/GpuTooHot/backtest"' in rules_page.text
+        assert "what would this rule have done last week" in rules_page.text
+
+        page = client.get(
+            "/rules/GpuTooHot/backtest", params={"days": HOURS / 24, "step": 30}, headers=bearer(VIEWER_TOKEN)
+        )
+        assert page.status_code == 200, page.text
+        for node in ("gpu-node-03", "gpu-node-11"):
+            assert f'data-node="{node}"' in page.text
+        assert 'data-node="gpu-node-07"' not in page.text  # an Xid: another rule's doing
+
+        missing = client.get("/rules/NoSuchRule/backtest", headers=bearer(VIEWER_TOKEN))
+        assert missing.status_code == 404
