@@ -157,6 +157,7 @@ def backtest(
     """Replay Prometheus history through the rules, lifecycle and safety (nothing is changed, no
     ticket sent): per rule and node when it would have fired, quarantined, drained, been held by the
     budget or the breaker; per rule nodes taken out and node-hours lost; --compare a second rule set."""
+    from healer import wiring
     from healer.backtesting import backtest as run_backtest
     from healer.backtesting import tick_count
     from healer.engine.backtest import compare as compare_reports
@@ -168,7 +169,7 @@ def backtest(
     from healer.sources.prometheus_range import PrometheusRange
 
     settings = settings_from(ctx)
-    now = datetime.now(UTC)
+    now = wiring.utc_now()
     try:
         t0, t1 = parse_time(start, now), parse_time(end, now)
         step_s, chunk_s = parse_duration(step), parse_duration(chunk)
