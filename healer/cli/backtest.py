@@ -171,7 +171,9 @@ def backtest(
     settings = settings_from(ctx)
     now = wiring.utc_now()
     try:
-        t0, t1 = parse_time(start, now), parse_time(end, now)
+        # Whole seconds: the ticks are matched to Prometheus's step timestamps.
+        t0 = parse_time(start, now).replace(microsecond=0)
+        t1 = parse_time(end, now).replace(microsecond=0)
         step_s, chunk_s = parse_duration(step), parse_duration(chunk)
         repair_s = parse_duration(repair_after) if repair_after else None
     except ValueError as exc:
