@@ -21,7 +21,10 @@
           - {node: n1, step: quarantine, at: 7m}   # at or before `at`
 
 A test ends at its latest ``eval_time``/``at`` (or its longest series). ``exp_steps`` omitted: steps
-are not checked; ``exp_steps: []``: no step may happen.
+are not checked; ``exp_steps: []``: no step may happen. Every rule is evaluated every
+``evaluation_interval`` (group ``interval`` values are not used), from the test's time 0 as promtool
+does. promtool's own ``alert_rule_test``/``promql_expr_test`` keys are refused: run those with
+``promtool test rules`` on the Prometheus form of the rules.
 
 Errors: :class:`SpecError` with ``file:line`` for a malformed file.
 """
