@@ -6,9 +6,9 @@ composition root (:func:`healer.wiring.dashboard`) builds those; ``healer run`` 
 the controller (passing the live providers), ``healer serve`` runs it on its own.
 
 Routes: the dashboard pages (``/``, ``/nodes/{name}``, ``/tickets``, ``/rules``, ``/audit``,
-``/login``) and their operator forms, the JSON API under ``/api/v1`` (OpenAPI at ``/docs``), the
-inbound provider callbacks (when the tickets feature provides them), and ``/healthz``, ``/readyz``,
-``/metrics``.
+``/login``) and their operator forms, a rule's backtest report (``/rules/{name}/backtest``), the
+JSON API under ``/api/v1`` (OpenAPI at ``/docs``), the inbound provider callbacks (when the
+tickets feature provides them), and ``/healthz``, ``/readyz``, ``/metrics``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from api.errors import install_error_handlers
 from api.headers import SecurityHeadersMiddleware
 from api.limits import BodyLimitMiddleware
 from api.rendering import STATIC_DIR
-from api.routes import api_v1, docs, ops, pages, ticket_callbacks
+from api.routes import api_v1, backtest, docs, ops, pages, ticket_callbacks
 from api.sessions import RevokedSessions
 from healer import __version__
 from healer.config import Settings
@@ -101,4 +101,5 @@ def create_app(
     app.include_router(ticket_callbacks.router)
     app.include_router(docs.router)
     app.include_router(pages.router)
+    app.include_router(backtest.router)
     return app

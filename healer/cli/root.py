@@ -13,6 +13,7 @@ import typer
 
 from healer import __version__
 from healer.cli import (
+    backtest,
     breaker,
     db,
     demo,
@@ -74,6 +75,7 @@ app.command("simulate")(simulate.simulate)
 app.add_typer(ticket.app, name="ticket")
 app.command("provider-receiver")(provider_receiver.provider_receiver)
 app.command("evaluate")(evaluate.evaluate)
+app.command("backtest")(backtest.backtest)
 app.command("run")(run.run)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)

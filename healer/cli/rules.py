@@ -188,3 +188,45 @@ def show(
                 )
         typer.echo(columns(rows))
         typer.echo(f"\n{_summary(v)}")
+
+
+def _test_files(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory stands for its ``*.yaml``/``*.yml`` files (sorted, not recursive)."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()))
+        else:
+            out.append(path)
+    return out
+
+
+@app.command("test")
+def test_(
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Rule test files, or directories of them (e.g. rules/tests).", show_default=False
+        ),
+    ],
+) -> None:
+    """Unit-test rules: promtool's test format (rule_files, input_series 'a+bxn', eval_time) plus
+    healer's exp_findings and exp_steps, evaluated by a throwaway Prometheus and healer's engine.
+
+    Exit 0 when every test passes; 1 with every failure (file:line, test, expected vs got) on stderr.
+    """
+    from healer.ruletest.runner import run
+
+    files = _test_files(paths)
+    outcome = run(files)
+    for error in outcome.errors:
+        typer.echo(f"error: {error}", err=True)
+    for failure in outcome.failures:
+        typer.echo(f"FAILED {failure}", err=True)
+    failed_tests = len({(f.where.split(":")[0], f.test) for f in outcome.failures})
+    summary = f"{outcome.tests - failed_tests} of {outcome.tests} test(s) passed in {len(files)} file(s)"
+    if outcome.ok:
+        typer.echo(f"OK: {summary}")
+        return
+    typer.echo(f"FAIL: {summary}", err=True)
+    raise typer.Exit(1)

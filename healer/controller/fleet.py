@@ -6,17 +6,18 @@ and which nodes turned bad (the circuit breaker's input).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.engine import safety
+from healer.engine.fleet import order, turned_bad
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, NodeState
-from healer.ruleset.schema import RuleSet
 from healer.store.models import Incident, Node
+
+__all__ = ["candidates", "order", "parse_time", "pool_usage", "turned_bad"]
 
 
 def pool_usage(session: Session) -> dict[str, safety.PoolUsage]:
@@ -34,50 +35,12 @@ def pool_usage(session: Session) -> dict[str, safety.PoolUsage]:
     return usage
 
 
-def turned_bad(findings: TickFindings, rules: RuleSet) -> dict[str, datetime]:
-    """node → when its earliest quarantining finding fired (the circuit breaker's input).
-
-    Findings of frozen rules, unknown nodes and rules not in the rule set are left out: no data and
-    stale state never trip the breaker.
-    """
-    names = {r.name: r for r in rules.rules}
-    out: dict[str, datetime] = {}
-    for node, found in findings.firing.items():
-        if node in findings.unknown:
-            continue
-        for f in found:
-            rule = names.get(f.rule)
-            if rule is None or f.rule in findings.frozen_rules:
-                continue
-            if not {a.kind for a in rule.actions} & {"quarantine", "taint"}:
-                continue
-            at = f.fired_at or findings.at
-            if node not in out or at < out[node]:
-                out[node] = at
-    return out
-
-
 def candidates(session: Session, findings: TickFindings) -> list[str]:
     """Nodes the tick reconciles: those with findings, and every node not healthy (unknown nodes
     come back when their data does; deleted ones stay unknown: their read is a 404)."""
     names = set(findings.firing) | set(findings.pending) | set(findings.unknown)
     names |= set(session.scalars(select(Node.name).where(Node.state != NodeState.HEALTHY)).all())
     return sorted(names)
-
-
-def order(names: Iterable[str], findings: TickFindings, states: Mapping[str, str]) -> list[str]:
-    """Nodes healer already holds first (their steps need no budget), then new ones by when their
-    finding fired (first come, first served for the budget), then by name."""
-
-    def key(name: str) -> tuple[object, ...]:
-        held = states.get(name) in OUT_OF_SERVICE
-        fired = min(
-            ((f.fired_at or findings.at) for f in findings.firing.get(name, ())),
-            default=findings.at,
-        )
-        return (not held, fired, name)
-
-    return sorted(names, key=key)
 
 
 def parse_time(value: object) -> datetime | None:

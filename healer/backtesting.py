@@ -1,0 +1,87 @@
+"""``healer backtest``'s driver: Prometheus history (``healer.sources.history``) through one replay
+per rule set (``healer.engine.replay``), summed up as reports (``healer.engine.backtest``).
+
+All rule sets see the same ticks: each chunk of history is queried once for the union of their
+expressions (an expression shared by both sets is queried once), then fed to every replay. Nothing
+is written anywhere: no cluster, no provider, no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from healer.engine.backtest import Report, summarize
+from healer.engine.evaluation import QueryResult, node_of
+from healer.engine.replay import Replay, ReplaySettings
+from healer.errors import SourceError
+from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
+from healer.sources.history import DEFAULT_CHUNK_SECONDS, history_ticks, tick_times
+from healer.sources.prometheus_range import PrometheusRange
+
+#: The nodes of the fleet at a time: every node exporting a GPU temperature (dcgm-exporter).
+DEFAULT_FLEET_QUERY = "group by (Hostname, hostname, node, kubernetes_node, nodename) (DCGM_FI_DEV_GPU_TEMP)"
+_FLEET = "\x00fleet"
+
+
+def tick_count(start: datetime, end: datetime, step_seconds: float) -> int:
+    """How many ticks the window has (for a progress bar)."""
+    return len(tick_times(start, end, step_seconds))
+
+
+def backtest(
+    source: PrometheusRange,
+    rulesets: Sequence[tuple[str, RuleSet]],
+    *,
+    start: datetime,
+    end: datetime,
+    step_seconds: float,
+    settings: ReplaySettings,
+    fleet_query: str | None = DEFAULT_FLEET_QUERY,
+    chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
+    progress: Callable[[int], None] | None = None,
+) -> list[Report]:
+    """Replay ``[start, end]`` every ``step_seconds`` through each ``(label, ruleset)``; one report each.
+
+    ``fleet_query`` returns one series per node of the fleet (its node label names it); None counts
+    only the nodes the rules return. ``progress`` gets the ticks done after each chunk.
+    """
+    queries: dict[str, str] = {}
+    for i, (_, ruleset) in enumerate(rulesets):
+        for rule in ruleset.rules:
+            queries[f"{i}\x00{rule.name}"] = rule.expr
+    if fleet_query:
+        queries[_FLEET] = fleet_query
+    replays = [Replay(ruleset, settings) for _, ruleset in rulesets]
+    for at, results in history_ticks(
+        source,
+        queries,
+        start=start,
+        end=end,
+        step_seconds=step_seconds,
+        chunk_seconds=chunk_seconds,
+        progress=progress,
+    ):
+        fleet_result = results.get(_FLEET)
+        fleet = (
+            [n for s in fleet_result.samples if (n := node_of(s.labels, DEFAULT_NODE_LABELS))]
+            if isinstance(fleet_result, QueryResult)
+            else []
+        )
+        for i, replay in enumerate(replays):
+            prefix = f"{i}\x00"
+            mine: dict[str, QueryResult | SourceError] = {
+                key[len(prefix) :]: value for key, value in results.items() if key.startswith(prefix)
+            }
+            replay.tick(at, mine, fleet=fleet)
+    return [
+        summarize(
+            replay.result(),
+            rules=[r.name for r in ruleset.rules],
+            start=start,
+            end=end,
+            step_seconds=step_seconds,
+            label=label,
+        )
+        for replay, (label, ruleset) in zip(replays, rulesets, strict=True)
+    ]

@@ -1,0 +1,236 @@
+"""``healer backtest``: what the rules would have done over Prometheus's history.
+
+Exit status: 0 the report was produced; 1 Prometheus failed for part of the window (the report is
+still printed; the rules concerned were frozen for those ticks, as in the controller); 2 bad
+usage, settings or rules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from healer.cli.context import settings_from
+from healer.cli.tables import columns
+
+if TYPE_CHECKING:
+    from healer.engine.backtest import Comparison, Report
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+    html = "html"
+
+
+_RELATIVE = re.compile(r"^(?:now)?-(?P<d>.+)$")
+
+
+def parse_time(text: str, now: datetime) -> datetime:
+    """``2026-11-24T00:00:00Z``, ``2026-11-24`` (UTC), ``now``, or ``-7d`` / ``now-6h`` (before ``now``)."""
+    from healer.ruleset.durations import parse_duration
+
+    text = text.strip()
+    if text == "now":
+        return now
+    rel = _RELATIVE.match(text)
+    if rel:
+        return now - timedelta(seconds=parse_duration(rel.group("d")))
+    value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _table(report: Report) -> str:
+    rows = [["RULE", "FIRED", "NODES FIRED", "NODES OUT", "NODE-HOURS", "HELD BUDGET", "HELD BREAKER"]]
+    for r in report.rules:
+        rows.append(
+            [
+                r.rule,
+                str(r.fired),
+                str(r.nodes_fired),
+                str(r.nodes_out),
+                f"{r.node_hours:.2f}",
+                str(r.held_budget),
+                str(r.held_breaker),
+            ]
+        )
+    out = [
+        f"{report.label}: {report.start.isoformat()} to {report.end.isoformat()}, {report.ticks} ticks",
+        columns(rows),
+    ]
+    node_rows = [["NODE", "RULE", "FIRED", "QUARANTINED", "DRAINED", "TICKETED", "HELD", "HOURS OUT"]]
+    for n in report.nodes:
+
+        def first(times: list[datetime]) -> str:
+            return (
+                times[0].strftime("%Y-%m-%d %H:%M:%S") + (f" (+{len(times) - 1})" if len(times) > 1 else "")
+                if times
+                else "-"
+            )
+
+        held = "budget" if n.held_budget else "breaker" if n.held_breaker else "-"
+        node_rows.append(
+            [
+                n.node,
+                n.rule,
+                first(n.fired),
+                first(n.quarantined),
+                first(n.drained),
+                first(n.ticketed),
+                held,
+                f"{n.hours_out:.2f}",
+            ]
+        )
+    if len(node_rows) > 1:
+        out += ["", columns(node_rows)]
+    for at, why in report.breaker_trips:
+        out.append(f"circuit breaker tripped at {at.isoformat()}: {why}")
+    return "\n".join(out)
+
+
+def _comparison_table(c: Comparison) -> str:
+    rows = [
+        [
+            "RULE",
+            f"NODES OUT {c.a.label}",
+            f"NODES OUT {c.b.label}",
+            f"NODE-HOURS {c.a.label}",
+            f"NODE-HOURS {c.b.label}",
+            f"ONLY {c.a.label}",
+            f"ONLY {c.b.label}",
+        ]
+    ]
+    for d in c.rules:
+        rows.append(
+            [
+                d.rule,
+                str(d.a.nodes_out) if d.a else "-",
+                str(d.b.nodes_out) if d.b else "-",
+                f"{d.a.node_hours:.2f}" if d.a else "-",
+                f"{d.b.node_hours:.2f}" if d.b else "-",
+                ", ".join(d.only_a) or "-",
+                ", ".join(d.only_b) or "-",
+            ]
+        )
+    return columns(rows)
+
+
+def backtest(
+    ctx: typer.Context,
+    start: Annotated[
+        str, typer.Option("--from", help="Window start: ISO time (UTC), or -7d / now-6h.")
+    ] = "-7d",
+    end: Annotated[str, typer.Option("--to", help="Window end: ISO time (UTC), now, or -1h.")] = "now",
+    step: Annotated[str, typer.Option("--step", help="Seconds between ticks (Prometheus duration).")] = "30s",
+    rules: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--rules", help="Rule files or directories (default: the rules_paths setting). Repeatable."
+        ),
+    ] = None,
+    compare: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--compare", help="A second rule set (files or directories) to compare with. Repeatable."
+        ),
+    ] = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table, json or html.")] = Output.table,
+    fleet_size: Annotated[
+        int | None,
+        typer.Option("--fleet-size", help="Nodes in the fleet (default: nodes exporting GPU metrics)."),
+    ] = None,
+    repair_after: Annotated[
+        str | None,
+        typer.Option(
+            "--repair-after", help="Assume a ticket is resolved this long after it is sent (default: never)."
+        ),
+    ] = None,
+    chunk: Annotated[str, typer.Option("--chunk", help="History per range query.")] = "2h",
+) -> None:
+    """Replay Prometheus history through the rules, lifecycle and safety (nothing is changed, no
+    ticket sent): per rule and node when it would have fired, quarantined, drained, been held by the
+    budget or the breaker; per rule nodes taken out and node-hours lost; --compare a second rule set."""
+    from healer import wiring
+    from healer.backtesting import backtest as run_backtest
+    from healer.backtesting import tick_count
+    from healer.engine.backtest import compare as compare_reports
+    from healer.engine.backtest import comparison_dict, report_dict
+    from healer.engine.replay import ReplaySettings
+    from healer.errors import RuleError, SourceError
+    from healer.ruleset.durations import parse_duration
+    from healer.ruleset.loading import load_ruleset
+    from healer.sources.prometheus_range import PrometheusRange
+
+    settings = settings_from(ctx)
+    now = wiring.utc_now()
+    try:
+        # Whole seconds: the ticks are matched to Prometheus's step timestamps.
+        t0 = parse_time(start, now).replace(microsecond=0)
+        t1 = parse_time(end, now).replace(microsecond=0)
+        step_s, chunk_s = parse_duration(step), parse_duration(chunk)
+        repair_s = parse_duration(repair_after) if repair_after else None
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if t1 <= t0 or step_s <= 0:
+        typer.echo("error: --to must be after --from, and --step positive", err=True)
+        raise typer.Exit(2)
+    sets = [("current", rules or list(settings.rules_paths))]
+    if compare:
+        sets.append(("proposed", compare))
+    try:
+        rulesets = [(label, load_ruleset(paths, promtool=False)) for label, paths in sets]
+    except RuleError as exc:
+        typer.echo(f"error: the rules do not load\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+    p = settings.prometheus
+    source = PrometheusRange(
+        p.url, timeout_seconds=max(p.timeout_seconds, 60.0), headers=p.headers, verify_tls=p.verify_tls
+    )
+    total = tick_count(t0, t1, step_s)
+    with typer.progressbar(length=total, label="backtest", file=sys.stderr) as bar:
+        done = [0]
+
+        def progress(n: int) -> None:
+            bar.update(n - done[0])
+            done[0] = n
+
+        try:
+            reports = run_backtest(
+                source,
+                rulesets,
+                start=t0,
+                end=t1,
+                step_seconds=step_s,
+                settings=ReplaySettings(
+                    limits=settings.safety.limits(),
+                    recovery_hold_seconds=settings.safety.recovery_hold_seconds,
+                    fleet_size=fleet_size,
+                    repair_after_seconds=repair_s,
+                ),
+                chunk_seconds=chunk_s,
+                progress=progress,
+            )
+        except SourceError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from exc
+    comparison = compare_reports(reports[0], reports[1]) if len(reports) == 2 else None
+    if output is Output.json:
+        body = comparison_dict(comparison) if comparison else report_dict(reports[0])
+        typer.echo(json.dumps(body, indent=2))
+    elif output is Output.html:
+        from healer.reports.backtest_html import render
+
+        typer.echo(render(reports[0], comparison))
+    else:
+        for report in reports:
+            typer.echo(_table(report) + "\n")
+        if comparison:
+            typer.echo(_comparison_table(comparison))

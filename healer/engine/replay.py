@@ -1,0 +1,412 @@
+"""Replay: history (query results tick by tick) through evaluation, lifecycle and safety, in memory.
+
+Pure: no I/O, no clock, no database. The caller feeds one tick at a time (:meth:`Replay.tick`:
+the tick's time and each rule's instant-query result at that time, e.g. sliced from range queries
+by ``healer.sources.prometheus_range``); the replay advances exactly the code the controller runs
+(:func:`healer.engine.evaluation.evaluate`, :func:`healer.engine.lifecycle.decide`,
+:func:`healer.engine.safety.judge` and :func:`~healer.engine.safety.breaker`) and records what
+healer would have done as :class:`ReplayEvent` values. Nothing touches a cluster or a provider.
+
+What the replay has to assume, because history does not say it:
+
+- the node as healer would have left it: schedulable until healer cordons it, no human takes over,
+  no node opts out; every node in one pool (``default``) whose size is the fleet seen so far (or
+  :attr:`ReplaySettings.fleet_size`);
+- a drain finishes at the first drain round after it starts (the next tick): pods and
+  PodDisruptionBudgets are not in Prometheus;
+- a ticket is resolved :attr:`ReplaySettings.repair_after_seconds` after it was requested (None:
+  never within the window, the node stays out until the end);
+- a tripped circuit breaker stays tripped: nobody presses reset during a backtest;
+- every rule is evaluated at every tick (group intervals are not replayed: one step for all).
+
+Memory: the alert state of active series, one small record per node that ever had a finding, and
+the events (a handful per incident); independent of the window's length otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from healer.engine import lifecycle as lc
+from healer.engine import safety
+from healer.engine.evaluation import ChangeKind, EvaluationState, QueryResult, evaluate, node_of
+from healer.engine.fleet import order, turned_bad
+from healer.errors import SourceError
+from healer.model.drain import DrainReport
+from healer.model.findings import TickFindings
+from healer.model.limits import SafetyLimits
+from healer.model.node import NodeView
+from healer.model.states import OUT_OF_SERVICE, NodeState, TicketStatus
+from healer.ruleset.schema import RuleSet
+
+#: The only pool a replay knows (node pools are Kubernetes labels, not in Prometheus).
+POOL = "default"
+#: Steps one node may take in one tick, as in the controller (``MAX_STEPS_PER_TICK``).
+MAX_STEPS = 4
+
+
+class EventKind(StrEnum):
+    """What a :class:`ReplayEvent` records."""
+
+    FIRED = "fired"  # a finding held for its rule's `for`
+    RESOLVED = "resolved"  # a firing finding cleared for its `keep_firing_for`
+    QUARANTINE = "quarantine"  # cordon/taint approved
+    DRAIN = "drain"  # drain started
+    TICKET = "ticket"  # replacement ticket requested
+    HELD_BUDGET = "held_budget"  # a new quarantine refused: the pool's budget was used up
+    HELD_BREAKER = "held_breaker"  # a new quarantine refused: the circuit breaker was tripped
+    BREAKER_TRIP = "breaker_trip"
+    RETURNED = "returned"  # handed back to service after validation
+    CLEARED = "cleared"  # findings cleared before any action (or while blocked)
+
+
+#: Event kinds that are healer's steps on a node (what ``exp_steps`` and reports count).
+STEP_KINDS = frozenset({EventKind.QUARANTINE, EventKind.DRAIN, EventKind.TICKET})
+
+
+@dataclass(frozen=True)
+class ReplayEvent:
+    """One thing healer would have done or seen: ``at`` (aware UTC), the node ("" for fleet-wide
+    events), the rule responsible (None when no rule is), and a human ``detail``."""
+
+    at: datetime
+    node: str
+    kind: EventKind
+    rule: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """The assumptions of a replay (see the module docstring).
+
+    ``limits``: budget, breaker and windows; ``recovery_hold_seconds``: validation hold, seconds;
+    ``fleet_size``: nodes in the fleet (None: the nodes seen in the data so far);
+    ``repair_after_seconds``: a ticket's time to repair, seconds (None: not within the window).
+    """
+
+    limits: SafetyLimits = field(default_factory=SafetyLimits)
+    recovery_hold_seconds: float = lc.DEFAULT_RECOVERY_HOLD_SECONDS
+    fleet_size: int | None = None
+    repair_after_seconds: float | None = None
+
+
+@dataclass
+class _Node:
+    """One node as the replay tracks it (what the database and the API server would hold)."""
+
+    state: NodeState = NodeState.HEALTHY
+    incident: lc.IncidentFacts | None = None
+    unschedulable: bool = False
+    owned: bool = False
+    notified: set[str] = field(default_factory=set)
+    ticket_at: datetime | None = None
+    out_since: datetime | None = None
+    out_rule: str | None = None
+
+
+@dataclass(frozen=True)
+class OutPeriod:
+    """A node out of service (quarantined through validating) from ``start`` to ``end`` (None: still
+    out when the window ended) because of ``rule``."""
+
+    node: str
+    rule: str | None
+    start: datetime
+    end: datetime | None
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Everything a replay produced: events in time order, out-of-service periods, the window."""
+
+    start: datetime | None
+    end: datetime | None
+    ticks: int
+    events: list[ReplayEvent]
+    out_periods: list[OutPeriod]
+    nodes_seen: int
+
+
+class Replay:
+    """Feed ticks in time order with :meth:`tick`; read the outcome with :meth:`result`."""
+
+    def __init__(self, ruleset: RuleSet, settings: ReplaySettings | None = None) -> None:
+        self.ruleset = ruleset
+        self.settings = settings or ReplaySettings()
+        self._state = EvaluationState()
+        self._nodes: dict[str, _Node] = {}
+        self._seen: set[str] = set()
+        self._events: list[ReplayEvent] = []
+        self._periods: list[OutPeriod] = []
+        self._tripped = False
+        self._next_incident = 1
+        self._start: datetime | None = None
+        self._end: datetime | None = None
+        self._ticks = 0
+
+    # -- public --
+
+    def tick(
+        self,
+        at: datetime,
+        results: Mapping[str, QueryResult | SourceError],
+        *,
+        fleet: Iterable[str] = (),
+    ) -> TickFindings:
+        """Advance one tick at ``at`` with every rule's result at that time; returns the findings.
+
+        A rule missing from ``results`` is frozen for the tick (as a query the deadline cut off).
+        ``fleet`` names nodes known to exist at ``at`` (they size the budget and the breaker).
+        """
+        self._start = self._start or at
+        self._end = at
+        self._ticks += 1
+        ev = evaluate(ruleset=self.ruleset, results=results, previous=self._state, now=at)
+        self._state = ev.state
+        for change in ev.changes:
+            if change.kind in (ChangeKind.FIRED, ChangeKind.RESOLVED):
+                kind = EventKind.FIRED if change.kind == ChangeKind.FIRED else EventKind.RESOLVED
+                f = change.finding
+                self._emit(at, f.node, kind, f.rule, f.summary or f.series_key)
+        findings = ev.findings
+        self._seen.update(findings.firing, findings.pending, findings.unknown)
+        self._seen.update(fleet)
+        for samples in results.values():
+            if isinstance(samples, QueryResult):
+                self._seen.update(
+                    n for n in (_node_label(s.labels, self.ruleset) for s in samples.samples) if n
+                )
+        self._drain_pass(at)
+        self._repairs(at)
+        self._remediate(at, findings)
+        return findings
+
+    def result(self) -> ReplayResult:
+        """The events and out-of-service periods so far (periods still open end None)."""
+        periods = list(self._periods)
+        for name, node in sorted(self._nodes.items()):
+            if node.out_since is not None:
+                periods.append(OutPeriod(name, node.out_rule, node.out_since, None))
+        return ReplayResult(
+            start=self._start,
+            end=self._end,
+            ticks=self._ticks,
+            events=list(self._events),
+            out_periods=periods,
+            nodes_seen=len(self._seen),
+        )
+
+    def state_of(self, node: str) -> NodeState:
+        """The node's lifecycle state now (healthy when never seen)."""
+        return self._nodes[node].state if node in self._nodes else NodeState.HEALTHY
+
+    # -- the passes --
+
+    def _drain_pass(self, at: datetime) -> None:
+        """Draining nodes finish their drain (one round) and move on, as ``advance_drains`` does."""
+        ctx = self._ctx(at)
+        state = safety.SafetyState(settings=self.settings.limits, now=at)
+        for name in sorted(n for n, node in self._nodes.items() if node.state == NodeState.DRAINING):
+            node = self._nodes[name]
+            facts = self._facts(name, node, None, drain=DrainReport(done=True))
+            step = lc.decide(facts, ctx)
+            if step is not None:
+                self._take(at, name, node, step, state, facts)
+
+    def _repairs(self, at: datetime) -> None:
+        after = self.settings.repair_after_seconds
+        if after is None:
+            return
+        for node in self._nodes.values():
+            inc = node.incident
+            if (
+                node.state == NodeState.AWAITING_REPAIR
+                and inc is not None
+                and node.ticket_at is not None
+                and at - node.ticket_at >= timedelta(seconds=after)
+            ):
+                node.incident = replace(inc, ticket=TicketStatus.RESOLVED)
+
+    def _remediate(self, at: datetime, findings: TickFindings) -> None:
+        """The remediation pass: breaker once, then every candidate node in the controller's order."""
+        names = set(findings.firing) | set(findings.pending) | set(findings.unknown)
+        names |= {n for n, node in self._nodes.items() if node.state != NodeState.HEALTHY}
+        fleet = self.settings.fleet_size or len(self._seen)
+        verdict = safety.breaker(
+            turned_bad=turned_bad(findings, self.ruleset),
+            fleet_size=fleet,
+            settings=self.settings.limits,
+            now=at,
+        )
+        if verdict.trip and not self._tripped:
+            self._tripped = True
+            self._emit(at, "", EventKind.BREAKER_TRIP, None, verdict.reason)
+        out = sum(
+            1
+            for n in self._nodes.values()
+            if n.state in OUT_OF_SERVICE
+            or (
+                n.state == NodeState.BLOCKED and n.incident is not None and n.incident.blocked_step == "drain"
+            )
+        )
+        state = safety.SafetyState(
+            settings=self.settings.limits,
+            now=at,
+            breaker_tripped=self._tripped,
+            pools={POOL: safety.PoolUsage(size=max(fleet, 1), out=out)},
+        )
+        states = {n: str(self._nodes[n].state) for n in names if n in self._nodes}
+        ctx = self._ctx(at)
+        for name in order(names, findings, states):
+            node = self._nodes.setdefault(name, _Node())
+            for i in range(MAX_STEPS):
+                facts = self._facts(name, node, findings)
+                if i == 0:
+                    for notice in lc.notices(facts, ctx):
+                        node.notified.update(
+                            e.key for e in notice.effects if isinstance(e, lc.Event) and e.key
+                        )
+                step = lc.decide(facts, ctx)
+                if step is None:
+                    break
+                moved, state = self._take(at, name, node, step, state, facts)
+                if (
+                    not moved
+                    or step.to is None
+                    or step.to
+                    in (
+                        NodeState.HEALTHY,
+                        NodeState.RELEASED,
+                        NodeState.BLOCKED,
+                        NodeState.DRAINING,
+                    )
+                ):
+                    break
+
+    # -- one step --
+
+    def _take(
+        self,
+        at: datetime,
+        name: str,
+        node: _Node,
+        step: lc.Step,
+        state: safety.SafetyState,
+        facts: lc.NodeFacts,
+    ) -> tuple[bool, safety.SafetyState]:
+        """Judge ``step`` and apply it to the in-memory node; returns (applied, safety state)."""
+        request = safety.Request(
+            node=name,
+            kind=step.kind,
+            pool=POOL,
+            already_out=step.already_out or node.state in OUT_OF_SERVICE,
+        )
+        decision, state = safety.judge(request, state)
+        rule = _step_rule(step, facts, node)
+        if not decision.approved:
+            if decision.blocks:
+                kind = (
+                    EventKind.HELD_BREAKER
+                    if decision.reason == safety.Refusal.BREAKER
+                    else EventKind.HELD_BUDGET
+                )
+                if node.state != NodeState.BLOCKED:
+                    self._emit(at, name, kind, rule, decision.message)
+                    inc = node.incident
+                    if inc is not None and inc.blocked_step is None:
+                        node.incident = replace(inc, blocked_step="quarantine")
+                    node.state = NodeState.BLOCKED
+            return False, state
+        if step.new_incident or (step.open_incident and node.incident is None):
+            new_id = self._next_incident
+            self._next_incident += 1
+        else:
+            new_id = None
+        node.incident = lc.apply_memory(node.incident, step, new_id=new_id)
+        for effect in step.effects:
+            if isinstance(effect, lc.Cordon):
+                node.unschedulable, node.owned = True, True
+            elif isinstance(effect, lc.Release):
+                if node.owned:
+                    node.unschedulable = False
+                node.owned = False
+            elif isinstance(effect, lc.StartDrain):
+                self._emit(at, name, EventKind.DRAIN, effect.rule, "drain started")
+            elif isinstance(effect, lc.RequestTicket):
+                node.ticket_at = at
+                if node.incident is not None:
+                    node.incident = replace(node.incident, ticket=TicketStatus.SENT)
+                self._emit(at, name, EventKind.TICKET, rule, f"ticket to provider {effect.provider}")
+        if step.kind == lc.StepKind.QUARANTINE and step.to == NodeState.QUARANTINED:
+            self._emit(at, name, EventKind.QUARANTINE, rule, step.reason)
+        if step.row == "return to service":
+            self._emit(at, name, EventKind.RETURNED, rule, step.reason)
+        if step.row in ("cleared before action", "cleared while blocked"):
+            self._emit(at, name, EventKind.CLEARED, rule, step.reason)
+        if step.to is not None:
+            self._move(at, name, node, step.to, rule)
+        return True, state
+
+    def _move(self, at: datetime, name: str, node: _Node, to: NodeState, rule: str | None) -> None:
+        was_out = node.state in OUT_OF_SERVICE
+        now_out = to in OUT_OF_SERVICE
+        if now_out and not was_out:
+            node.out_since, node.out_rule = at, rule
+        elif was_out and not now_out and node.out_since is not None:
+            self._periods.append(OutPeriod(name, node.out_rule, node.out_since, at))
+            node.out_since, node.out_rule = None, None
+        if to == NodeState.HEALTHY:
+            node.ticket_at = None
+        node.state = to
+
+    # -- helpers --
+
+    def _ctx(self, at: datetime) -> lc.Context:
+        return lc.Context(
+            rules=self.ruleset, now=at, recovery_hold_seconds=self.settings.recovery_hold_seconds
+        )
+
+    def _facts(
+        self, name: str, node: _Node, findings: TickFindings | None, *, drain: DrainReport | None = None
+    ) -> lc.NodeFacts:
+        f = findings
+        return lc.NodeFacts(
+            name=name,
+            state=node.state,
+            incident=node.incident,
+            firing=tuple(f.firing.get(name, ())) if f else (),
+            pending=tuple(f.pending.get(name, ())) if f else (),
+            unknown=name in f.unknown if f else False,
+            frozen_rules=f.frozen_rules if f else frozenset(),
+            view=NodeView(name=name, unschedulable=node.unschedulable),
+            drain_due=drain is not None,
+            drain=drain,
+            notified=frozenset(node.notified),
+            owned=node.owned,
+        )
+
+    def _emit(self, at: datetime, node: str, kind: EventKind, rule: str | None, detail: str) -> None:
+        self._events.append(ReplayEvent(at=at, node=node, kind=kind, rule=rule, detail=detail))
+
+
+def _step_rule(step: lc.Step, facts: lc.NodeFacts, node: _Node) -> str | None:
+    """The rule a step acts for: the memory's rule, the incident's, or the strongest firing one."""
+    if step.memory.rule is not None:
+        return step.memory.rule
+    if node.incident is not None and node.incident.rule is not None:
+        return node.incident.rule
+    for effect in step.effects:
+        if isinstance(effect, lc.StartDrain):
+            return effect.rule
+    if facts.firing:
+        return facts.firing[0].rule
+    return facts.pending[0].rule if facts.pending else None
+
+
+def _node_label(labels: Mapping[str, str], ruleset: RuleSet) -> str | None:
+    """The node a sample names under the first rule's node label chain (fleet size counting)."""
+    return node_of(labels, ruleset.rules[0].node_labels) if ruleset.rules else None

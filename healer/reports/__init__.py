@@ -1,0 +1,1 @@
+"""Rendered reports (HTML pages written to files or served by the dashboard)."""

@@ -1,0 +1,213 @@
+"""The rule test file: promtool's unit-test format with healer's expectations.
+
+::
+
+    rule_files: [../gpu-thermal.yaml]      # relative to this file
+    evaluation_interval: 30s               # default 1m, as promtool
+    safety: {max_unhealthy: 1}             # optional SafetyLimits fields (default: no budget, no breaker)
+    recovery_hold: 5m                      # optional, default 5m
+    tests:
+      - name: a hot GPU is quarantined, drained and ticketed
+        interval: 1m                       # default: evaluation_interval
+        input_series:
+          - series: 'DCGM_FI_DEV_GPU_TEMP{Hostname="n1", gpu="0"}'
+            values: '70 85x20'
+        exp_findings:                      # firing findings of `rule` at `eval_time` (exact set)
+          - eval_time: 8m
+            rule: GpuTooHot
+            findings:
+              - {node: n1, labels: {gpu: "0"}}   # labels: these must match, others may exist
+        exp_steps:                         # every quarantine/drain/ticket by the test's end (exact set)
+          - {node: n1, step: quarantine, at: 7m}   # at or before `at`
+
+A test ends at its latest ``eval_time``/``at`` (or its longest series). ``exp_steps`` omitted: steps
+are not checked; ``exp_steps: []``: no step may happen. Every rule is evaluated every
+``evaluation_interval`` (group ``interval`` values are not used), from the test's time 0 as promtool
+does. promtool's own ``alert_rule_test``/``promql_expr_test`` keys are refused: run those with
+``promtool test rules`` on the Prometheus form of the rules.
+
+Errors: :class:`SpecError` with ``file:line`` for a malformed file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import YAMLError
+
+from healer.model.limits import SafetyLimits
+from healer.ruleset.durations import parse_duration
+from healer.ruletest.series import Series, SeriesError, parse_series
+
+STEPS = ("quarantine", "drain", "ticket")
+
+#: Limits of a rule test unless its file says otherwise: the rule is under test, not the budget.
+UNLIMITED = SafetyLimits(
+    max_unhealthy=1_000_000, max_unhealthy_percent=100.0, breaker_nodes=1_000_000, breaker_percent=100.0
+)
+
+
+class SpecError(ValueError):
+    """A malformed test file; the message starts with ``file:line:``."""
+
+
+@dataclass(frozen=True)
+class ExpFinding:
+    node: str
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ExpFindings:
+    line: int
+    eval_time: float
+    rule: str
+    findings: list[ExpFinding]
+
+
+@dataclass(frozen=True)
+class ExpStep:
+    line: int
+    node: str
+    step: str
+    at: float
+
+
+@dataclass(frozen=True)
+class TestCase:
+    """One test: its name, where it is, the series (interval seconds) and the expectations."""
+
+    file: str
+    line: int
+    name: str
+    interval: float
+    series: list[Series]
+    exp_findings: list[ExpFindings]
+    exp_steps: list[ExpStep] | None
+
+    @property
+    def end(self) -> float:
+        """Seconds from the test's start to its last evaluation."""
+        times = [e.eval_time for e in self.exp_findings] + [s.at for s in self.exp_steps or []]
+        if times:
+            return max(times)
+        longest = max((len(s.values) for s in self.series), default=1)
+        return (longest - 1) * self.interval
+
+
+@dataclass(frozen=True)
+class TestFile:
+    path: str
+    rule_files: list[Path]
+    evaluation_interval: float
+    limits: SafetyLimits
+    recovery_hold: float
+    tests: list[TestCase] = field(default_factory=list)
+
+
+_FILE_KEYS = {"rule_files", "evaluation_interval", "tests", "safety", "recovery_hold"}
+_TEST_KEYS = {"name", "interval", "input_series", "exp_findings", "exp_steps"}
+
+
+def _line(node: Any) -> int:
+    lc = getattr(node, "lc", None)
+    return int(lc.line) + 1 if lc is not None and lc.line is not None else 0
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, CommentedMap):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, CommentedSeq):
+        return [_plain(v) for v in node]
+    return node
+
+
+def load(path: str | Path) -> TestFile:
+    """Read one test file. Raises :class:`SpecError`."""
+    name = str(path)
+    try:
+        doc = YAML(typ="rt").load(Path(path).read_text())
+    except (OSError, YAMLError) as exc:
+        raise SpecError(f"{name}:0: cannot read: {exc}") from exc
+    if not isinstance(doc, CommentedMap):
+        raise SpecError(f"{name}:1: a test file is a mapping with rule_files and tests")
+
+    def fail(node: Any, message: str) -> SpecError:
+        return SpecError(f"{name}:{_line(node) or 1}: {message}")
+
+    unknown = set(map(str, doc)) - _FILE_KEYS
+    if unknown:
+        raise fail(
+            doc, f"unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_FILE_KEYS))}"
+        )
+    base = Path(path).parent
+    rule_files = [base / str(p) for p in doc.get("rule_files") or []]
+    if not rule_files:
+        raise fail(doc, "rule_files: at least one rule file")
+    try:
+        interval = parse_duration(doc.get("evaluation_interval", "1m"))
+        hold = parse_duration(doc.get("recovery_hold", "5m"))
+        limits = UNLIMITED
+        if doc.get("safety"):
+            limits = SafetyLimits(**{**UNLIMITED.__dict__, **_plain(doc["safety"])})
+    except (TypeError, ValueError) as exc:
+        raise fail(doc, str(exc)) from exc
+    tests = [_test(name, t, interval, fail) for t in doc.get("tests") or []]
+    if not tests:
+        raise fail(doc, "tests: at least one test")
+    return TestFile(name, rule_files, interval, limits, hold, tests)
+
+
+def _test(file: str, node: Any, default_interval: float, fail: Any) -> TestCase:
+    if not isinstance(node, CommentedMap):
+        raise fail(node, "a test is a mapping")
+    unknown = set(map(str, node)) - _TEST_KEYS
+    if unknown:
+        raise fail(
+            node, f"unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TEST_KEYS))}"
+        )
+    try:
+        interval = parse_duration(node.get("interval", default_interval))
+        series = [parse_series(str(s["series"]), str(s["values"])) for s in node.get("input_series") or []]
+        exp_findings = [
+            ExpFindings(
+                line=_line(e),
+                eval_time=parse_duration(e["eval_time"]),
+                rule=str(e["rule"]),
+                findings=[
+                    ExpFinding(
+                        node=str(f["node"]),
+                        labels={str(k): str(v) for k, v in (f.get("labels") or {}).items()},
+                    )
+                    for f in e.get("findings") or []
+                ],
+            )
+            for e in node.get("exp_findings") or []
+        ]
+        raw_steps = node.get("exp_steps")
+        exp_steps = None
+        if raw_steps is not None:
+            exp_steps = [
+                ExpStep(line=_line(s), node=str(s["node"]), step=str(s["step"]), at=parse_duration(s["at"]))
+                for s in raw_steps
+            ]
+            for s in exp_steps:
+                if s.step not in STEPS:
+                    raise fail(node, f"exp_steps: step {s.step!r} is not one of {', '.join(STEPS)}")
+    except KeyError as exc:
+        raise fail(node, f"missing key {exc}") from exc
+    except (SeriesError, TypeError, ValueError) as exc:
+        raise fail(node, str(exc)) from exc
+    return TestCase(
+        file=file,
+        line=_line(node),
+        name=str(node.get("name", f"test at line {_line(node)}")),
+        interval=interval,
+        series=series,
+        exp_findings=exp_findings,
+        exp_steps=exp_steps,
+    )
