@@ -28,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes import client as k8s
 
-from healer.actions.base import Ownership
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.config import KubernetesSettings
+from healer.model.drain import DrainOptions
+from healer.model.node import Ownership
+from tests.helm import NAMESPACE, rendered_objects, require_helm
 from tests.kube_cluster import BUILD_HINT, ControlPlane, control_plane, find_binaries
 from tests.services import wait_until
 
@@ -95,6 +97,23 @@ def set_scene(cp: ControlPlane, nodes: int, pods: int) -> list[str]:
     return [n for n in names if on.get(n)]
 
 
+def budget_status(cp: ControlPlane) -> str:
+    """The trainer budget's status as the disruption controller last wrote it, and the pods' readiness."""
+    with cp.admin_client() as api:
+        pdb = k8s.PolicyV1Api(api).read_namespaced_pod_disruption_budget("trainer", "training")
+        pods = k8s.CoreV1Api(api).list_namespaced_pod("training").items
+    st = pdb.status
+    ready = sum(
+        1 for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+    )
+    return (
+        f"budget: allowed {st.disruptions_allowed}, healthy {st.current_healthy}/{st.desired_healthy}, "
+        f"expected {st.expected_pods}, "
+        f"observedGeneration {st.observed_generation}/{pdb.metadata.generation}; "
+        f"pods {len(pods)}, Ready {ready}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2000)
@@ -106,25 +125,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no Kubernetes control plane built: run `{BUILD_HINT}` first", file=sys.stderr)
         return 2
     settings = KubernetesSettings(domain="healer.dev", namespace="healer-system", request_timeout_seconds=30)
-    import yaml
-
     with control_plane(bindir) as cp:
         candidates = set_scene(cp, args.nodes, args.pods)
-        documents = [
-            d for f in ("namespace.yaml", "serviceaccount.yaml", "rbac.yaml")
-            for d in yaml.safe_load_all((REPO / "deploy" / "base" / f).read_text()) if d
-        ]  # fmt: skip
-        cp.apply(documents)
-        token = cp.service_account_token("healer-system", "healer")
+        rbac = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+        cp.apply([namespace, *(o for o in rendered_objects(require_helm()) if o["kind"] in rbac)])
+        token = cp.service_account_token(NAMESPACE, "healer")
         calls: Counter[str] = Counter()
         with cp.client(token) as api:
             actions = KubernetesNodeActions(counting(api, calls), settings, identity="bench")
             bad = candidates[: args.bad]
+            print("before the pass: " + budget_status(cp))
             rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             started = time.monotonic()
             pools = actions.node_pools()
             listed = time.monotonic() - started
             evicted = held = 0
+            options = DrainOptions(
+                timeout_seconds=600, grace_period_seconds=0, delete_emptydir_data=True, concurrency=5
+            )
             budgets: set[str] = set()
             for name in bad:
                 now = datetime.now(UTC)
@@ -132,15 +151,17 @@ def main(argv: list[str] | None = None) -> int:
                 actions.taint(name, value="GpuFatalXid", effect="NoSchedule")
                 actions.set_condition(name, healthy=False, reason="GpuFatalXid", message="Xid 79", now=now)
                 actions.event(name, reason="HealerQuarantined", message="Xid 79 on GPU 3", now=now)
-                report = actions.drain_step(
-                    name, started_at=now, now=now, timeout_seconds=600, grace_period_seconds=0,
-                    delete_emptydir_data=True, ignore_daemonsets=True, force=False,
-                    delete_after_timeout=False, concurrency=5,
-                )  # fmt: skip
+                report = actions.drain_step(name, started_at=now, now=now, options=options)
+                if report.errors or report.refused or not report.evicted:
+                    print(
+                        f"{name}: evicted {report.evicted}, remaining {report.remaining}, "
+                        f"budgets {report.budgets}, errors {report.errors}, refused {report.refused}"
+                    )
                 evicted += len(report.evicted)
-                held += len(report.remaining) - len(report.evicted)
+                held += len(set(report.remaining) - set(report.evicted))
                 budgets.update(report.budgets)
             wall = time.monotonic() - started
+        print("after the pass: " + budget_status(cp))
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         memory = cp.memory_mib()
         print(f"fleet: {len(pools)} nodes listed in {listed:.2f} s (one call)")

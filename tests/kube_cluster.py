@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import datetime as dt
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -45,6 +46,19 @@ BUILD_HINT = "bash tests/kube/build.sh"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 #: Lines for pytest's terminal summary (start-up time, memory); conftest prints them.
 REPORT: list[str] = []
+#: What the API server's audit log records: eviction requests (who, which pod, the answer's code),
+#: so a test can count evictions the API server accepted as the emulator counts them.
+AUDIT_POLICY = """
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    resources:
+      - group: ""
+        resources: ["pods/eviction"]
+  - level: None
+"""
 #: Order of start; stopped in reverse.
 COMPONENTS = ("etcd", "apiserver", "controller-manager", "scheduler", "kwok")
 
@@ -157,6 +171,15 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+@dataclass(frozen=True)
+class Eviction:
+    """One eviction request as the API server's audit log recorded it."""
+
+    pod: str  # namespace/name
+    code: int  # the answer: 201 accepted, 429 refused by a budget, ...
+    user: str
+
+
 @dataclass
 class ControlPlane:
     """A running control plane. ``url``: the API server (HTTPS, loopback); ``ca_file`` verifies it."""
@@ -263,6 +286,30 @@ class ControlPlane:
             timeout = 120 + len(names) / 5  # thousands of nodes take minutes on 2 cores
             wait_until(ready, timeout=timeout, interval=0.5, what=f"KWOK nodes {list(names)[:3]}... Ready")
 
+    def evictions(self) -> list[Eviction]:
+        """Every eviction request the API server has answered, in order (its audit log)."""
+        path = self.workdir / "audit.log"
+        found: list[Eviction] = []
+        if not path.exists():
+            return found
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            ref = entry.get("objectRef") or {}
+            if ref.get("subresource") != "eviction" or entry.get("stage") != "ResponseComplete":
+                continue
+            found.append(
+                Eviction(
+                    pod=f"{ref.get('namespace')}/{ref.get('name')}",
+                    code=int((entry.get("responseStatus") or {}).get("code") or 0),
+                    user=str((entry.get("user") or {}).get("username")),
+                )
+            )
+        return found
+
+    def eviction_count(self, pod: str) -> int:
+        """How many evictions of ``namespace/name`` the API server accepted (201)."""
+        return sum(1 for e in self.evictions() if e.pod == pod and e.code == 201)
+
     def memory_mib(self) -> dict[str, float]:
         """RSS of each component now (MiB)."""
         return {name: rss_mib(p.pid) for name, p in self.processes.items()}
@@ -313,6 +360,7 @@ def control_plane(bindir: Path) -> Iterator[ControlPlane]:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="healer-kube-"))
     _write_pki(workdir)
+    (workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
     tokens = {c: uuid.uuid4().hex for c in ("admin", "controller-manager", "scheduler", "kwok")}
     # Static tokens for the control plane's own clients: token,user,uid,"groups".
     (workdir / "tokens.csv").write_text("".join(f'{t},{c},{c},"system:masters"\n' for c, t in tokens.items()))
@@ -372,6 +420,9 @@ def control_plane(bindir: Path) -> Iterator[ControlPlane]:
                 "--disable-admission-plugins=ServiceAccount",
                 f"--cert-dir={workdir / 'apiserver-certs'}",
                 "--profiling=false",
+                f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
+                f"--audit-log-path={workdir / 'audit.log'}",
+                "--audit-log-mode=blocking",
                 "--v=1",
             ],
         )

@@ -1,0 +1,145 @@
+"""A loopback reverse proxy in front of the test control plane's API server that can hold answers.
+
+``healer run`` is given a kubeconfig pointing at the proxy (plain HTTP on 127.0.0.1); the proxy
+sends each request on to kube-apiserver (HTTPS, verified with the control plane's CA) at once and
+relays the answer, streamed (watches work). :meth:`ApiProxy.hold` keeps the next matching answers
+back for some seconds after the API server has applied the request: the write is visible in the
+cluster while the client still waits, which is the moment a crash or a freeze test needs (a slow
+network or a stopped VM, as a fault-injection proxy such as toxiproxy would simulate).
+"""
+
+from __future__ import annotations
+
+import re
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+#: Headers that belong to one connection, not to the message (RFC 9110 section 7.6.1).
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "content-length",
+    "host",
+}
+
+
+@dataclass
+class _Hold:
+    method: str
+    path: re.Pattern[str]
+    seconds: float
+    times: int
+
+
+class ApiProxy:
+    """Relay ``http://127.0.0.1:<port>`` to ``upstream``; see the module docstring."""
+
+    def __init__(self, upstream: str, ca_file: Path) -> None:
+        self.upstream = upstream.rstrip("/")
+        self._client = httpx.Client(
+            verify=ssl.create_default_context(cafile=str(ca_file)),
+            timeout=httpx.Timeout(30.0, read=None),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+        self._holds: list[_Hold] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05})
+        self._thread.daemon = True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def hold(self, method: str, path_regex: str, seconds: float, *, times: int = 1) -> None:
+        """Hold the answers of the next ``times`` requests matching ``method`` and ``path_regex``
+        (searched in the path without the query) for ``seconds`` after the API server answered."""
+        with self._lock:
+            self._holds.append(_Hold(method.upper(), re.compile(path_regex), seconds, times))
+
+    def _take_hold(self, method: str, path: str) -> float:
+        with self._lock:
+            for h in self._holds:
+                if h.times > 0 and h.method == method and h.path.search(path.split("?")[0]):
+                    h.times -= 1
+                    return h.seconds
+        return 0.0
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _relay(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
+                request = proxy._client.build_request(
+                    self.command, proxy.upstream + self.path, headers=headers, content=body
+                )
+                try:
+                    answer = proxy._client.send(request, stream=True)
+                except httpx.HTTPError as exc:
+                    self.send_error(502, f"upstream: {exc}")
+                    return
+                try:
+                    held = proxy._take_hold(self.command, self.path)
+                    if held:
+                        time.sleep(held)
+                    self.send_response(answer.status_code)
+                    for k, v in answer.headers.multi_items():
+                        if k.lower() not in HOP_BY_HOP:
+                            self.send_header(k, v)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for chunk in answer.iter_raw():
+                        if chunk:
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                            self.wfile.flush()
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError, httpx.HTTPError):
+                    self.close_connection = True
+                finally:
+                    answer.close()
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _relay
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def start(self) -> ApiProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self._client.close()
+
+
+@contextmanager
+def api_proxy(upstream: str, ca_file: Path) -> Iterator[ApiProxy]:
+    """An :class:`ApiProxy` running for the block."""
+    proxy = ApiProxy(upstream, ca_file).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
