@@ -89,6 +89,23 @@ class Healer:
 
 
 @dataclass
+class Metrics:
+    """The fleet simulator and the Prometheus scraping it."""
+
+    prometheus: PrometheusServer
+    fleet: Fleet
+    clock: ElapsedClock
+
+    @property
+    def url(self) -> str:
+        return self.prometheus.url
+
+    def cool(self, node: str) -> None:
+        """End ``node``'s faults now (the simulator's repair: healthy values from now on)."""
+        assert self.fleet.repair(node, self.clock()) > 0, f"{node} had no fault to end"
+
+
+@dataclass
 class World:
     """One test's simulator, Prometheus, cluster objects and healer processes (see module doc)."""
 
@@ -290,19 +307,18 @@ class World:
     # -- Prometheus and the simulator ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def metrics(
-        self, nodes: int, scenario: str, *, wait_for: str | None = None
-    ) -> Iterator[PrometheusServer]:
+    def metrics(self, nodes: int, scenario: str, *, wait_for: str | None = None) -> Iterator[Metrics]:
         """The fleet simulator (``nodes`` nodes named as :meth:`node_name`, ``scenario``) scraped
         every second by a real Prometheus; waits until ``wait_for`` (PromQL) has samples."""
         config = FleetConfig(nodes=nodes, node_prefix=f"{self.prefix}-gpu-")
         fleet = Fleet(config, parse_scenario(scenario))
-        with SimulatorServer(fleet, clock=ElapsedClock()) as simulator:
+        clock = ElapsedClock()
+        with SimulatorServer(fleet, clock=clock) as simulator:
             sd = simulator.write_file_sd(self.tmp_path / "targets.json")
             with prometheus_server([], file_sd=[sd], scrape_interval="1s") as prometheus:
                 if wait_for:
                     prometheus.wait_for_samples(wait_for, timeout=60)
-                yield prometheus
+                yield Metrics(prometheus, fleet, clock)
 
     # -- healer ---------------------------------------------------------------------------------------
 
@@ -320,13 +336,13 @@ class World:
             path.write_text(yaml.safe_dump(config))
         return path
 
-    def config(self, *, db: str, prometheus: str, proxy: ApiProxy | None = None, **extra: Any) -> Path:
+    def config(self, *, db: str, prometheus_url: str, proxy: ApiProxy | None = None, **extra: Any) -> Path:
         """Write healer's settings file: this test's rules, database, Prometheus, kubeconfig, Lease
         and domain, dry-run off, fast jobs; ``extra`` groups are merged in (``safety={...}``)."""
         base: dict[str, Any] = {
             "rules_paths": [str(self.rules_dir)],
             "database": {"url": db},
-            "prometheus": {"url": prometheus, "tick_deadline_seconds": 5},
+            "prometheus": {"url": prometheus_url, "tick_deadline_seconds": 5},
             "kubernetes": {
                 "kubeconfig": str(self.kubeconfig(proxy)),
                 "namespace": HEALER_NAMESPACE,
@@ -382,6 +398,7 @@ class World:
         """Stop healer processes still running, dispose engines, delete namespaces and nodes."""
         for healer in self.healers:
             healer.stop()
+            print(f"--- healer {healer.identity} ({healer.log.name}), the end ---\n{healer.tail()}")
         for engine in self.engines:
             engine.dispose()
         for ns in self.namespaces:

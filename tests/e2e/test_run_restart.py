@@ -61,10 +61,10 @@ def test_sigterm_mid_drain_then_restart_finishes_without_duplicates(world: World
     world.rules(RULES)
     db = f"sqlite:///{world.tmp_path / 'healer.db'}"
     scenario = f"faults: [{{at: 0s, node: {bad}, gpu: 3, fault: hot_gpu, target: 90, ramp: 1s}}]"
-    with world.metrics(3, scenario, wait_for=f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{bad}"}} > 78') as prometheus:
+    with world.metrics(3, scenario, wait_for=f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{bad}"}} > 78') as metrics:
         config = world.config(
             db=db,
-            prometheus=prometheus.url,
+            prometheus_url=metrics.url,
             safety={
                 "max_unhealthy": 1,
                 "max_unhealthy_percent": 50,
