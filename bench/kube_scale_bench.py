@@ -91,7 +91,7 @@ def set_scene(cp: ControlPlane, nodes: int, pods: int) -> list[str]:
             return len(got) >= pods
 
         wait_until(running, timeout=1800, interval=2.0, what=f"{pods} pods Running")
-        print(f"{pods} pods Running in {time.monotonic() - started:.0f} s")
+        print(f"{pods} pods Running in {time.monotonic() - started:.0f} s; " + budget_status(cp))
         on = Counter(p.spec.node_name for p in core.list_namespaced_pod("training").items)
     # The bad nodes: those holding pods, so the drain has something to do.
     return [n for n in names if on.get(n)]
@@ -102,6 +102,13 @@ def budget_status(cp: ControlPlane) -> str:
     with cp.admin_client() as api:
         pdb = k8s.PolicyV1Api(api).read_namespaced_pod_disruption_budget("trainer", "training")
         pods = k8s.CoreV1Api(api).list_namespaced_pod("training").items
+        nodes = k8s.CoreV1Api(api).list_node().items
+    not_ready = {
+        n.metadata.name
+        for n in nodes
+        if not any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+    }
+    on_not_ready = sum(1 for p in pods if p.spec.node_name in not_ready)
     st = pdb.status
     ready = sum(
         1 for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
@@ -110,7 +117,8 @@ def budget_status(cp: ControlPlane) -> str:
         f"budget: allowed {st.disruptions_allowed}, healthy {st.current_healthy}/{st.desired_healthy}, "
         f"expected {st.expected_pods}, "
         f"observedGeneration {st.observed_generation}/{pdb.metadata.generation}; "
-        f"pods {len(pods)}, Ready {ready}"
+        f"pods {len(pods)}, Ready {ready}; nodes not Ready {len(not_ready)} of {len(nodes)}, "
+        f"holding {on_not_ready} pods"
     )
 
 
@@ -119,13 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--pods", type=int, default=1000)
     parser.add_argument("--bad", type=int, default=20)
+    parser.add_argument(
+        "--node-grace-seconds",
+        type=int,
+        default=600,
+        help="kube-controller-manager --node-monitor-grace-period, s (0: its default, 50 s); bench/README.md",
+    )
     args = parser.parse_args(argv)
     bindir = find_binaries()
     if bindir is None:
         print(f"no Kubernetes control plane built: run `{BUILD_HINT}` first", file=sys.stderr)
         return 2
     settings = KubernetesSettings(domain="healer.dev", namespace="healer-system", request_timeout_seconds=30)
-    with control_plane(bindir) as cp:
+    with control_plane(bindir, node_grace_seconds=args.node_grace_seconds or None) as cp:
         candidates = set_scene(cp, args.nodes, args.pods)
         rbac = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
         namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}

@@ -354,9 +354,15 @@ def _component_kubeconfig(cp: ControlPlane, name: str, token: str) -> Path:
 
 
 @contextlib.contextmanager
-def control_plane(bindir: Path) -> Iterator[ControlPlane]:
+def control_plane(bindir: Path, *, node_grace_seconds: int | None = None) -> Iterator[ControlPlane]:
     """Start etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK; yield when a
-    pod goes Running on a KWOK node (scheduler, controllers and KWOK all work); stop all on exit."""
+    pod goes Running on a KWOK node (scheduler, controllers and KWOK all work); stop all on exit.
+
+    ``node_grace_seconds``: the node lifecycle controller's ``--node-monitor-grace-period`` (how
+    long a node's heartbeat may be late before it is NotReady and its pods not Ready); None = the
+    controller's default (50 s). Thousands of KWOK nodes on a loaded machine need more: KWOK renews
+    their Leases late, and pods of a NotReady node no longer count for their PodDisruptionBudget.
+    """
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="healer-kube-"))
     _write_pki(workdir)
@@ -449,6 +455,7 @@ def control_plane(bindir: Path) -> Iterator[ControlPlane]:
                 f"--service-account-private-key-file={workdir / 'sa.key'}",
                 "--concurrent-deployment-syncs=10",
                 "--concurrent-replicaset-syncs=10",
+                *([f"--node-monitor-grace-period={node_grace_seconds}s"] if node_grace_seconds else []),
                 "--v=1",
             ],
         )

@@ -93,7 +93,7 @@ class ApiProxy:
                 )
                 try:
                     answer = proxy._client.send(request, stream=True)
-                except httpx.HTTPError as exc:
+                except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: the proxy is stopping
                     self.send_error(502, f"upstream: {exc}")
                     return
                 try:

@@ -296,13 +296,11 @@ class World:
         return lease.spec.holder_identity or None
 
     def events_by(self, instance: str, node: str) -> list[str]:
-        """Names of the ``events.k8s.io/v1`` Events about ``node`` reported by healer ``instance``."""
-        events = k8s.EventsV1Api(self.api).list_namespaced_event("default").items
-        return sorted(
-            str(e.metadata.name)
-            for e in events
-            if e.reporting_instance == instance and e.regarding is not None and e.regarding.name == node
-        )
+        """Names of the Events about ``node`` reported by healer ``instance`` (healer writes
+        ``events.k8s.io/v1``; read through core/v1, the same objects, as ``kubectl describe`` does)."""
+        selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+        events = self.core.list_namespaced_event("default", field_selector=selector).items
+        return sorted(str(e.metadata.name) for e in events if e.reporting_instance == instance)
 
     # -- Prometheus and the simulator ------------------------------------------------------------
 
