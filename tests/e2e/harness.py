@@ -174,20 +174,6 @@ class World:
             return None
         return dict(self.api.sanitize_for_serialization(got))
 
-    def pods_on(self, node: str, namespace: str | None = None) -> list[str]:
-        """``namespace/name`` of the pods bound to ``node`` and not terminating."""
-        selector = f"spec.nodeName={node}"
-        listed = (
-            self.core.list_namespaced_pod(namespace, field_selector=selector)
-            if namespace
-            else self.core.list_pod_for_all_namespaces(field_selector=selector)
-        )
-        return sorted(
-            f"{p.metadata.namespace}/{p.metadata.name}"
-            for p in listed.items
-            if p.metadata.deletion_timestamp is None
-        )
-
     def running(self, namespace: str, name: str) -> bool:
         pod = self.pod(namespace, name)
         return bool(pod and pod["status"].get("phase") == "Running")
