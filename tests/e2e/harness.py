@@ -271,15 +271,19 @@ class World:
 
         wait_until(observed, timeout=60, what=f"budget {namespace}/{name} observed")
 
-    def lease_holder(self) -> str | None:
-        """The holder of healer's Lease now (None when released or not yet created)."""
+    def lease_object(self) -> k8s.V1Lease | None:
+        """healer's Lease as the API server holds it (None when not created)."""
         try:
-            lease = k8s.CoordinationV1Api(self.api).read_namespaced_lease(self.lease, HEALER_NAMESPACE)
+            return k8s.CoordinationV1Api(self.api).read_namespaced_lease(self.lease, HEALER_NAMESPACE)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
-        return lease.spec.holder_identity or None
+
+    def lease_holder(self) -> str | None:
+        """The holder of healer's Lease now (None when released or not yet created)."""
+        lease = self.lease_object()
+        return (lease.spec.holder_identity or None) if lease is not None else None
 
     def events_by(self, instance: str, node: str) -> list[str]:
         """Names of the Events about ``node`` reported by healer ``instance`` (healer writes
