@@ -47,9 +47,9 @@ from api.schemas import (
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage, breaker_trips_at
-from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
 from healer.model.limits import SafetyLimits
 from healer.model.source_health import SourceHealth
+from healer.model.states import OUT_OF_SERVICE, FindingState, NodeState
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.models import (
