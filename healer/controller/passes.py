@@ -188,9 +188,12 @@ def remediate(
         states: dict[str, str] = {name: st for name, st in rows}
         paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
         breaker_row = repo.get_switch(session, repo.SWITCH_BREAKER)
-        node_pools = (
-            dict(fleet) if fleet else dict(session.execute(select(Node.name, Node.pool)).tuples().all())
-        )
+        # The budget counts over the nodes healer has recorded (as the dashboard shows them); the
+        # breaker's percentage over the cluster's nodes now, when listed.
+        recorded: dict[str, str] = {
+            name: pool for name, pool in session.execute(select(Node.name, Node.pool))
+        }
+        node_pools = dict(fleet) if fleet else recorded
         fleet_size = len(node_pools)
         sticky_rules = sticky_values.sticky_rule_names(rules)
         baselines = sticky_values.baselines(session, findings)
@@ -199,9 +202,14 @@ def remediate(
         for node, found in findings.firing.items():
             for f in found:
                 firing.setdefault(f.rule, set()).add(node)
-        rec.pools = engine_pools.build(
-            rules=rules, labelled=node_pools, coverage=coverage, node_labels=node_labels, firing=firing
-        )
+
+        def pools_over(labelled: Mapping[str, str]) -> engine_pools.Pools:
+            return engine_pools.build(
+                rules=rules, labelled=labelled, coverage=coverage, node_labels=node_labels, firing=firing
+            )
+
+        rec.pools = pools_over(recorded)
+        by_fleet = pools_over(node_pools) if node_pools != recorded else rec.pools
         _remember_pools(session, rec.pools, now=now, actor=actor, fence=rec.fence)
         bad_on = fleet_facts.turned_bad_on(current, rules)
         verdict = safety.breaker(
@@ -210,8 +218,8 @@ def remediate(
             settings=limits,
             now=now,
             reset_at=fleet_facts.parse_time(breaker_row.get("reset_at")),
-            members=rec.pools.members,
-            bad_in={n: rec.pools.pools_of(n, per_rule) for n, per_rule in bad_on.items()},
+            members=by_fleet.members,
+            bad_in={n: by_fleet.pools_of(n, per_rule) for n, per_rule in bad_on.items()},
         )
         tripped = bool(breaker_row.get("tripped"))
         if not tripped and verdict.trip:
