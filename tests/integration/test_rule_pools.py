@@ -21,8 +21,9 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.prometheus import PrometheusSource
 from healer_dev.k8s_emulator import node
 from healer_dev.prometheus import PrometheusServer, ScrapeTarget, prometheus_server
+from healer_dev.remediation_harness import POOL_LABEL, T0, Harness, fleet_nodes, hot, tick
 from tests.integration.test_api_support import build_app, http_client
-from tests.integration.test_remediation import POOL_LABEL, T0, Harness, fleet_nodes, harness, hot, tick
+from tests.integration.test_remediation import harness
 from tests.integration.test_ways_out import run, with_safety
 from tests.k8s_emulator import emulator, k8s_api, k8s_settings
 from tests.services import text_exporter
