@@ -9,6 +9,7 @@ pools), never two.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -81,6 +82,16 @@ def test_coverage_is_the_nodes_exporting_a_rules_metrics(prometheus: PrometheusS
         coverage_query(["b", "a"], ["Hostname", "node"])
         == 'group by (__name__, Hostname, node) ({__name__=~"a|b"})'
     )
+
+
+def test_an_unreachable_prometheus_leaves_coverage_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    """No data is not a pool of none: the rules are left out and the labelled pools stand in."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    source = PrometheusSource(f"http://127.0.0.1:{port}", timeout_seconds=2)
+    assert observe_coverage(ruleset=RULES, source=source, now=datetime.now(UTC)) == {}
+    assert "rule coverage not observed (labelled pools stand in)" in caplog.text
 
 
 def test_an_infiniband_rule_trips_the_breaker_over_the_nodes_with_infiniband(
