@@ -104,6 +104,8 @@ def build(
                 for n in labelled
                 if all(node_labels.get(n, {}).get(k) == v for k, v in spec.node_selector.items())
             }
+            if kinds.get(name) == LABELS and members[name] != chosen | fired:
+                name = f"{name}/selector"  # never widen a labelled pool of the same name
             members[name] = members.get(name, set()) | chosen | fired
             kinds[name] = SELECTOR
             selected[rule] = name

@@ -127,6 +127,11 @@ def test_a_pool_named_by_node_labels() -> None:
     grouped = ruleset(GPU_TEMP, group_pool={"node_selector": {"nvidia.com/gpu.product": "A100"}})
     pools = engine_pools.build(rules=grouped, labelled=LABELLED, node_labels=labels)
     assert pools.pool_for("GpuTooHot", "gpu-50") == "GpuTooHot"
+    # a named pool never widens a labelled pool of the same name
+    clash = ruleset({**IB_DOWN, "pool": {**spec, "name": "default"}})
+    pools = engine_pools.build(rules=clash, labelled=LABELLED, node_labels=labels)
+    assert pools.pool_for("IbPortDown", "gpu-1") == "default/selector"
+    assert len(pools.members["default"]) == 100
     # node labels not read: the labelled pool stands in
     assert engine_pools.build(rules=rules, labelled=LABELLED).pool_for("IbPortDown", "gpu-1") == "default"
 
