@@ -47,8 +47,9 @@ from api.schemas import (
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage, breaker_trips_at
-from healer.engine.states import OUT_OF_SERVICE, FindingState, NodeState
+from healer.model.limits import SafetyLimits
 from healer.model.source_health import SourceHealth
+from healer.model.states import OUT_OF_SERVICE, FindingState, NodeState
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
 from healer.store.models import (
@@ -194,10 +195,13 @@ def fleet_status(
         row.name: dict(row.value)
         for row in session.scalars(
             select(Switch).where(
-                Switch.name.in_([repo.SWITCH_PAUSED, repo.SWITCH_BREAKER, repo.SWITCH_LAST_TICK])
+                Switch.name.in_(
+                    [repo.SWITCH_PAUSED, repo.SWITCH_BREAKER, repo.SWITCH_LAST_TICK, repo.SWITCH_POOLS]
+                )
             )
         )
     }
+    budgets += _rule_pool_budgets(session, switches.get(repo.SWITCH_POOLS, {}), safety.limits())
     paused = switches.get(repo.SWITCH_PAUSED, {})
     breaker = switches.get(repo.SWITCH_BREAKER, {})
     return FleetStatus(
@@ -227,6 +231,29 @@ def fleet_status(
         rules=rules_with_health(session, ruleset=ruleset, now=now),
         source=source_status(session, now=now, grace_seconds=source_grace_seconds),
     )
+
+
+def _rule_pool_budgets(session: Session, value: dict[str, Any], limits: SafetyLimits) -> list[PoolBudget]:
+    """The rule pools the last tick counted over (``pools`` switch), with their nodes out now."""
+    pools = [p for p in value.get("pools", []) if isinstance(p, dict) and p.get("name")]
+    if not pools:
+        return []
+    out = set(session.scalars(select(Node.name).where(Node.state.in_([str(s) for s in OUT_OF_SERVICE]))))
+    budgets = []
+    for p in pools:
+        members = set(p.get("nodes", []))
+        budgets.append(
+            PoolBudget(
+                pool=str(p["name"]),
+                nodes=len(members),
+                out_of_service=len(members & out),
+                limit=PoolUsage(size=len(members)).limit(limits),
+                breaker_trips_at=breaker_trips_at(len(members), limits),
+                kind=str(p.get("kind", "coverage")),
+                rules=[str(r) for r in p.get("rules", [])],
+            )
+        )
+    return budgets
 
 
 def _last_tick(value: dict[str, Any], *, now: datetime) -> LastTick | None:

@@ -238,13 +238,21 @@ class BreakerScope(BaseModel):
 
 
 class PoolBudget(BaseModel):
-    """Remediation budget use of one pool: nodes out of service vs the limit (min of both caps)."""
+    """Remediation budget use of one pool: nodes out of service vs the limit (min of both caps,
+    never under the floor for small pools).
+
+    ``kind``: how its nodes were found: ``labels`` (the pool label, or ``default``/``no-gpu``),
+    ``coverage`` (the nodes exporting the input metrics of ``rules``) or ``selector`` (the rules'
+    ``pool.node_selector``); ``rules``: the rules whose budget and breaker count over it.
+    """
 
     pool: str
     nodes: int  # the denominator of the budget's and the breaker's percentages
     out_of_service: int
     limit: int
     breaker_trips_at: int = 0  # nodes of this pool turning bad within the window that trip the breaker
+    kind: str = "labels"
+    rules: list[str] = Field(default_factory=list)
 
 
 class LastTick(BaseModel):

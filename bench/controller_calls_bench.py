@@ -23,27 +23,18 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, event
-
-from healer.actions.kubernetes import KubernetesNodeActions
-from healer.config import KubernetesSettings, SafetySettings, Settings
-from healer.controller import advance_drains, remediate
-from healer.model.findings import Finding, TickFindings
-from healer.model.states import FindingState
+from healer.config import KubernetesSettings
+from healer.model.findings import Finding
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.k8s_emulator import KubernetesEmulator, node, pod
+from healer_dev.remediation_harness import T0, Counts, Harness, counting, hot, tick
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 NODE = "gpu-00"
 RULES = RuleSet(
     groups=(
@@ -61,54 +52,6 @@ RULES = RuleSet(
 )
 
 
-@dataclass
-class Counts:
-    """Calls seen during one measured block."""
-
-    api: list[tuple[str, str]] = field(default_factory=list)
-    sql: list[str] = field(default_factory=list)
-
-    def api_by_method(self) -> str:
-        return ", ".join(f"{m} {n}" for m, n in sorted(Counter(m for m, _ in self.api).items()))
-
-    def sql_by_verb(self) -> str:
-        verbs = Counter(s.split(None, 1)[0].upper() for s in self.sql)
-        return ", ".join(f"{v} {n}" for v, n in sorted(verbs.items()))
-
-
-@contextmanager
-def counting(engine: Engine, emu: KubernetesEmulator) -> Iterator[Counts]:
-    counts = Counts()
-
-    def on_execute(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        counts.sql.append(statement.strip())
-
-    start = len(emu.requests)
-    event.listen(engine, "before_cursor_execute", on_execute)
-    try:
-        yield counts
-    finally:
-        event.remove(engine, "before_cursor_execute", on_execute)
-        counts.api = list(emu.requests)[start:]
-
-
-def hot(name: str) -> Finding:
-    return Finding(
-        rule="GpuTooHot",
-        series_key=f'GpuTooHot{{Hostname="{name}",gpu="3"}}',
-        node=name,
-        gpu="3",
-        state=FindingState.FIRING,
-        severity="critical",
-        value=91.5,
-        unit="degrees C",
-        labels={"Hostname": name, "gpu": "3"},
-        summary="GPU above 78 C",
-        active_since=T0 - timedelta(minutes=5),
-        fired_at=T0,
-    )
-
-
 class World:
     """A database, an emulator with ``nodes`` nodes, the real adapter and settings."""
 
@@ -120,39 +63,27 @@ class World:
         self.emu = KubernetesEmulator().start()
         self.emu.load(node(f"gpu-{i:02d}") for i in range(nodes))
         self.emu.add(pod("train-0", node_name=NODE))
-        self.api = self.emu.api_client()
-        k8s = KubernetesSettings(domain="healer.dev", request_timeout_seconds=5)
-        self.settings = Settings(
-            kubernetes=k8s,
-            safety=SafetySettings(
-                dry_run=False,
-                max_unhealthy=10,
-                max_unhealthy_percent=100,
-                breaker_nodes=100,
-                breaker_percent=100,
-            ),
+        self.harness = Harness(
+            self.emu,
+            self.sessions,
+            KubernetesSettings(domain="healer.dev", request_timeout_seconds=5),
+            rules=RULES,
+            identity="bench",
+            max_unhealthy=10,
+            max_unhealthy_percent=100,
+            breaker_nodes=100,
+            breaker_percent=100,
         )
-        self.actions = KubernetesNodeActions(self.api, k8s, identity="bench", clock=lambda: T0)
+        self.api = self.harness.api
+        self.settings = self.harness.settings
+        self.actions = self.harness.actions
         self.fleet = {f"gpu-{i:02d}": "default" for i in range(nodes)}
 
     def tick(self, at: datetime, *firing: Finding) -> Any:
-        by_node: dict[str, list[Finding]] = {}
-        for f in firing:
-            by_node.setdefault(f.node, []).append(f)
-        return remediate(
-            findings=TickFindings(at=at, firing=by_node),
-            rules=RULES,
-            actions=self.actions,
-            session_factory=self.sessions,
-            settings=self.settings,
-            now=at,
-            fleet=self.fleet,
-        )
+        return self.harness.remediate(tick(at, *firing), fleet=self.fleet)
 
     def drains(self, at: datetime) -> Any:
-        return advance_drains(
-            rules=RULES, actions=self.actions, session_factory=self.sessions, settings=self.settings, now=at
-        )
+        return self.harness.drains(at)
 
     def close(self) -> None:
         self.api.close()

@@ -150,7 +150,9 @@ class SafetySettings(_Group):
         10.0,
         ge=0,
         le=100,
-        description="Same, as % of the pool, rounded down (Cluster API): pools under 10 nodes need over 10%.",
+        description=(
+            "Same, as % of the pool, rounded down (Cluster API); budget_floor_nodes keeps tiny pools usable."
+        ),
     )
     breaker_nodes: int = Field(
         5, ge=1, description="Trip when more nodes than this turn bad within the window."
@@ -167,6 +169,23 @@ class SafetySettings(_Group):
         ),
     )
     breaker_window_seconds: float = Field(300.0, gt=0)
+    budget_floor_nodes: int = Field(
+        1,
+        ge=0,
+        description=(
+            "Nodes any pool may have out of service at once however small it is (never more than "
+            "max_unhealthy): 10% of a 6-node pool rounds down to 0, and such a pool could never be "
+            "remediated. 0 = no floor (Cluster API's rounding alone)."
+        ),
+    )
+    coverage_refresh_seconds: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "How often the rules' node pools (the nodes exporting each rule's input metrics) are "
+            "observed from Prometheus, seconds; one query per node-label chain."
+        ),
+    )
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)
     recovery_hold_seconds: float = Field(
         300.0, ge=0, description="A repaired node must stay clear this long before it returns to service."
@@ -192,6 +211,7 @@ class SafetySettings(_Group):
             breaker_nodes=self.breaker_nodes,
             breaker_percent=self.breaker_percent,
             breaker_min_nodes=self.breaker_min_nodes,
+            budget_floor_nodes=self.budget_floor_nodes,
             breaker_window_seconds=self.breaker_window_seconds,
             maintenance_windows=tuple(w.limits() for w in self.maintenance_windows),
         )

@@ -36,9 +36,9 @@ from healer.engine.evaluation import (
     RuleReport,
     evaluate,
 )
-from healer.engine.findings import TickFindings
-from healer.engine.states import RuleHealth
 from healer.errors import SourceError
+from healer.model.findings import TickFindings
+from healer.model.states import RuleHealth
 from healer.ruleset.schema import Rule, RuleSet
 from healer.sources.base import Deadline, MetricsSource
 from healer.store.evaluations import load_state, record_changes, record_reports

@@ -26,7 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.engine.states import FindingState, NodeState, OutboxStatus, RuleHealth
+from healer.model.states import FindingState, NodeState, OutboxStatus, RuleHealth
 from healer.store import nodes as repo
 from healer.store.models import Finding, Incident, Node, OutboxMessage
 
@@ -98,7 +98,7 @@ class HealerMetrics:
             self.rule_last_evaluation.labels(rule=rule).set(evaluated_at_unix)
 
     def count_action(self, kind: str, result: str) -> None:
-        """Count one action by kind and result (an :class:`~healer.engine.states.ActionStatus`)."""
+        """Count one action by kind and result (an :class:`~healer.model.states.ActionStatus`)."""
         self.actions.labels(kind=kind, result=str(result)).inc()
 
     def register_database(self, session_factory: sessionmaker[Session]) -> DatabaseCollector:

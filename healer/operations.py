@@ -12,8 +12,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from healer.engine.states import ActionStatus, NodeState
 from healer.errors import HealerError
+from healer.model.states import ActionStatus, NodeState
 from healer.store import nodes as repo
 from healer.store.models import Node
 

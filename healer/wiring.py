@@ -240,6 +240,7 @@ def build_process(
         metrics=metrics,
         identity=identity,
         fleet=cluster.node_pools,
+        node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
     )
     app = dashboard(

@@ -30,7 +30,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import Settings, load_settings
-from healer.engine.states import NodeState
+from healer.model.states import NodeState
 from healer.ruleset.schema import RuleSet
 from healer.store.models import Node, Ticket, Transition
 from healer.wiring import build_process

@@ -23,7 +23,7 @@ from api.errors import ApiError
 from api.rendering import render
 from api.schemas import NodeDetail
 from healer.config import Settings
-from healer.engine.states import ActionStatus, NodeState, TicketStatus
+from healer.model.states import ActionStatus, NodeState, TicketStatus
 from healer.operations import RELEASABLE
 from healer.ruleset.schema import Rule, RuleSet
 

@@ -42,8 +42,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import RowId
 from healer.config import ProviderSettings, Settings, TicketSettings
-from healer.engine.states import TicketStatus
 from healer.errors import SignatureError, TicketError
+from healer.model.states import TicketStatus
 from healer.store.models import Ticket
 from healer.tickets import service, signing
 

@@ -217,6 +217,17 @@ class KubernetesNodeActions:
                 pools[meta.name] = pool_of(meta.labels or {}, _gpus(n), pool_labels=labels)
         return pools
 
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        """Every node in the cluster → its labels (one list call): the members of the pools rules
+        name by ``pool.node_selector``."""
+        with api_call("list nodes"):
+            nodes = self.core.list_node(_request_timeout=self._timeout)
+        return {
+            n.metadata.name: dict(n.metadata.labels or {})
+            for n in nodes.items
+            if n.metadata and n.metadata.name
+        }
+
     def owned_nodes(self) -> list[NodeView]:
         """Every node carrying healer's marks now: an ownership annotation or healer's taint (one
         list call). The ownership reconcile compares them with the database."""
@@ -388,7 +399,9 @@ class KubernetesNodeActions:
         }
         with api_call(f"record event {reason} on node {name}"):
             self.events.create_namespaced_event(
-                EVENT_NAMESPACE, body, _request_timeout=self._timeout  # type: ignore[arg-type]
+                EVENT_NAMESPACE,
+                body,
+                _request_timeout=self._timeout,  # type: ignore[arg-type]
             )
 
     def drain_step(

@@ -19,7 +19,7 @@ from healer.cli.tables import columns
 
 if TYPE_CHECKING:
     from healer.detection import DetectionResult
-    from healer.engine.findings import Finding
+    from healer.model.findings import Finding
 
 
 def evaluate(
@@ -38,8 +38,8 @@ def evaluate(
     """Query every rule once at the current time and print the findings and each rule's health."""
     from healer import wiring
     from healer.detection import initial_state, run_detection
-    from healer.engine.states import RuleHealth
     from healer.errors import RuleError, StoreError
+    from healer.model.states import RuleHealth
     from healer.ruleset.loading import load_ruleset
 
     if not once:
@@ -83,7 +83,7 @@ def _findings(result: DetectionResult) -> list[Finding]:
 
 
 def _value(f: Finding) -> str:
-    from healer.engine.findings import json_safe_value
+    from healer.model.findings import json_safe_value
 
     if f.value is None:
         return "-"
@@ -144,7 +144,7 @@ def as_table(result: DetectionResult) -> str:
 def as_json(result: DetectionResult) -> dict[str, Any]:
     """``{"at", "findings": [...], "unknown": [...], "frozen_rules": [...], "rules": [...],
     "queries", "duration_seconds"}``; values NaN/±Inf as the strings Prometheus uses."""
-    from healer.engine.findings import json_safe_value
+    from healer.model.findings import json_safe_value
 
     def iso(t: datetime | None) -> str | None:
         return t.isoformat() if t else None

@@ -49,7 +49,7 @@ def list_nodes(
     """Nodes healer is remediating (state, since, pool, incident, rule, blocked reason)."""
     from sqlalchemy import select
 
-    from healer.engine.states import NodeState
+    from healer.model.states import NodeState
     from healer.store.models import Incident, Node
 
     with store_sessions(ctx)() as session:

@@ -9,7 +9,9 @@ module          job
 ``observe``     the node read once, and its facts from the database
 ``apply``       a step's effects through ``NodeActions`` (one patch, one status patch, Events)
 ``record``      the step's transition, memory, audit rows and ticket
-``fleet``       fleet-wide facts: candidates, order, pool usage, the breaker's input
+``fleet``       fleet-wide facts: candidates, order, nodes out of service, the breaker's input
+``..coverage``  (``healer.coverage``) which nodes export each rule's metrics: the rules' node pools,
+                refreshed by the scheduler and handed to the pure ``healer.engine.pools``
 ``backoff``     per-node retry delay after a failure
 ==============  ==================================================================================
 """

@@ -12,12 +12,24 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.engine import safety
-from healer.engine.fleet import order, turned_bad
+from healer.engine.fleet import order, turned_bad, turned_bad_on
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, NodeState
 from healer.store.models import Incident, Node
 
-__all__ = ["candidates", "order", "parse_time", "pool_usage", "turned_bad"]
+__all__ = [
+    "candidates",
+    "order",
+    "out_of_service",
+    "parse_time",
+    "pool_usage",
+    "turned_bad",
+    "turned_bad_on",
+]
+
+_OUT = (Node.state.in_([str(s) for s in OUT_OF_SERVICE])) | (
+    (Node.state == NodeState.BLOCKED) & (Incident.blocked_step == "drain")
+)
 
 
 def pool_usage(session: Session) -> dict[str, safety.PoolUsage]:
@@ -33,6 +45,16 @@ def pool_usage(session: Session) -> dict[str, safety.PoolUsage]:
         current = usage.get(pool, safety.PoolUsage(size=0))
         usage[pool] = safety.PoolUsage(size=current.size + 1, out=current.out + int(out))
     return usage
+
+
+def out_of_service(session: Session) -> frozenset[str]:
+    """Nodes out of service now (as :func:`pool_usage` counts them: a blocked node when cordoned)."""
+    rows = session.scalars(
+        select(Node.name)
+        .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+        .where(_OUT)
+    )
+    return frozenset(rows.all())
 
 
 def candidates(session: Session, findings: TickFindings) -> list[str]:

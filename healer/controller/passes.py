@@ -32,6 +32,7 @@ from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Seen, read
 from healer.controller.reconcile import NodeOutcome, Reconciler
+from healer.engine import pools as engine_pools
 from healer.engine import safety
 from healer.engine import sticky as engine_sticky
 from healer.model.findings import TickFindings
@@ -131,6 +132,8 @@ def remediate(
     recovery_hold_seconds: float | None = None,
     backoff: Backoff | None = None,
     fence: Fence | None = None,
+    coverage: Mapping[str, frozenset[str]] | None = None,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
 
@@ -151,6 +154,11 @@ def remediate(
         backoff: the controller's per-node backoff (nodes failing recently are skipped).
         fence: the leader's fence (``healer.controller.fence``); raises ``NotLeader`` from the
             first write or record after this replica stopped leading. None: unfenced (CLI, tests).
+        coverage: rule → the nodes exporting its input metrics (:mod:`healer.controller.coverage`);
+            the budget and the breaker count over each rule's pool (:mod:`healer.engine.pools`).
+            None, or a rule missing: the labelled pools.
+        node_labels: node → its Kubernetes labels, for rules naming their pool by
+            ``pool.node_selector``; None: such rules count over the labelled pools.
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
@@ -180,20 +188,38 @@ def remediate(
         states: dict[str, str] = {name: st for name, st in rows}
         paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
         breaker_row = repo.get_switch(session, repo.SWITCH_BREAKER)
-        node_pools = (
-            dict(fleet) if fleet else dict(session.execute(select(Node.name, Node.pool)).tuples().all())
-        )
+        # The budget counts over the nodes healer has recorded (as the dashboard shows them); the
+        # breaker's percentage over the cluster's nodes now, when listed.
+        recorded: dict[str, str] = {
+            name: pool for name, pool in session.execute(select(Node.name, Node.pool))
+        }
+        node_pools = dict(fleet) if fleet else recorded
         fleet_size = len(node_pools)
         sticky_rules = sticky_values.sticky_rule_names(rules)
         baselines = sticky_values.baselines(session, findings)
         current = engine_sticky.discount_tick(findings, baselines, sticky_rules)
+        firing: dict[str, set[str]] = {}
+        for node, found in findings.firing.items():
+            for f in found:
+                firing.setdefault(f.rule, set()).add(node)
+
+        def pools_over(labelled: Mapping[str, str]) -> engine_pools.Pools:
+            return engine_pools.build(
+                rules=rules, labelled=labelled, coverage=coverage, node_labels=node_labels, firing=firing
+            )
+
+        rec.pools = pools_over(recorded)
+        by_fleet = pools_over(node_pools) if node_pools != recorded else rec.pools
+        _remember_pools(session, rec.pools, now=now, actor=actor, fence=rec.fence)
+        bad_on = fleet_facts.turned_bad_on(current, rules)
         verdict = safety.breaker(
-            turned_bad=fleet_facts.turned_bad(current, rules),
+            turned_bad={n: min(per_rule.values()) for n, per_rule in bad_on.items()},
             fleet_size=fleet_size,
             settings=limits,
             now=now,
             reset_at=fleet_facts.parse_time(breaker_row.get("reset_at")),
-            pools=node_pools,
+            members=by_fleet.members,
+            bad_in={n: by_fleet.pools_of(n, per_rule) for n, per_rule in bad_on.items()},
         )
         tripped = bool(breaker_row.get("tripped"))
         if not tripped and verdict.trip:
@@ -221,8 +247,15 @@ def remediate(
             )
             log.warning("circuit breaker tripped: %s", verdict.reason)
         rec.held = list(breaker_row.get("held", [])) if tripped else []
-        usage = fleet_facts.pool_usage(session) if names else {}
-    state = safety.SafetyState(settings=limits, now=now, paused=paused, breaker_tripped=tripped, pools=usage)
+        out_nodes = fleet_facts.out_of_service(session) if names else frozenset()
+    state = safety.SafetyState(
+        settings=limits,
+        now=now,
+        paused=paused,
+        breaker_tripped=tripped,
+        members=rec.pools.members,
+        out_nodes=out_nodes,
+    )
     result.paused, result.breaker_tripped, result.breaker = paused, tripped, verdict
     held_before = list(rec.held)
     _reconcile_all(rec, fleet_facts.order(names, findings, states), seen, state, result, backoff, states)
@@ -234,6 +267,27 @@ def remediate(
             repo.set_switch(session, repo.SWITCH_BREAKER, row, now=now, by=actor)
     result.held = sorted(rec.held)
     return result
+
+
+def _remember_pools(
+    session: Session, pools: engine_pools.Pools, *, now: datetime, actor: str, fence: Fence
+) -> None:
+    """Keep the tick's rule pools in the ``pools`` switch for the dashboard (written on a change)."""
+    value = {
+        "pools": [
+            {
+                "name": name,
+                "kind": kind,
+                "rules": list(pools.rules.get(name, ())),
+                "nodes": sorted(pools.members[name]),
+            }
+            for name, kind in sorted(pools.kinds.items())
+            if kind != engine_pools.LABELS
+        ]
+    }
+    if repo.get_switch(session, repo.SWITCH_POOLS) != value:
+        fence.check_db(session)
+        repo.set_switch(session, repo.SWITCH_POOLS, value, now=now, by=actor)
 
 
 def advance_drains(

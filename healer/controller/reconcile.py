@@ -46,6 +46,7 @@ from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Observation, Seen, observe
 from healer.controller.record import Recorder
 from healer.engine import lifecycle as lc
+from healer.engine import pools as engine_pools
 from healer.engine import safety
 from healer.errors import KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
@@ -96,7 +97,8 @@ class _Plan:
 @dataclass
 class Reconciler:
     """A pass's fixed inputs: the rules, the adapter, the database, the time and this tick's
-    findings (None in the drain pass). ``held`` collects the nodes the circuit breaker held back."""
+    findings (None in the drain pass). ``held`` collects the nodes the circuit breaker held back;
+    ``pools`` are this tick's rule pools (None: each node counts in its labelled pool only)."""
 
     rules: RuleSet
     actions: NodeActions
@@ -108,8 +110,10 @@ class Reconciler:
     findings: TickFindings | None = None
     held: list[str] = field(default_factory=list)
     fence: Fence = field(default_factory=Fence)
+    pools: engine_pools.Pools | None = None
 
     def __post_init__(self) -> None:
+        self._removing = set(engine_pools.removing_rules(self.rules))
         self.ctx = lc.Context(
             rules=self.rules, now=self.now, recovery_hold_seconds=self.recovery_hold_seconds
         )
@@ -276,12 +280,19 @@ class Reconciler:
 
     def _request(self, obs: Observation, step: lc.Step) -> safety.Request:
         view = obs.facts.view
+        name = obs.node.name
+        pools: tuple[str, ...] = ()
+        if self.pools is not None:
+            # every rule taking the node out counts: the step must fit each of their pools
+            firing = {f.rule for f in self.findings.firing.get(name, ())} if self.findings else set()
+            pools = self.pools.pools_of(name, sorted(firing & self._removing))
         return safety.Request(
-            node=obs.node.name,
+            node=name,
             kind=step.kind,
             pool=obs.node.pool,
             opted_out=self.labels.opted_out(view),
             already_out=step.already_out or obs.node.state in OUT_OF_SERVICE,
+            pools=pools,
         )
 
     def _judge_notices(

@@ -39,6 +39,7 @@ from healer.controller import ownership
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence, claim
 from healer.controller.passes import RemediationResult, advance_drains, remediate
+from healer.coverage import observe_coverage
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError, NotLeader
@@ -46,7 +47,7 @@ from healer.metrics import HealerMetrics
 from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
-from healer.ruleset.schema import RuleGroup
+from healer.ruleset.schema import RuleGroup, RuleSet
 from healer.sources.base import MetricsSource
 from healer.store import nodes as repo
 from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
@@ -127,6 +128,8 @@ class Controller:
     metrics: HealerMetrics
     identity: str = "healer"
     fleet: Callable[[], dict[str, str] | None] = lambda: None
+    #: Every node → its labels (for rules naming their pool by node labels), or None.
+    node_labels: Callable[[], dict[str, dict[str, str]] | None] = lambda: None
     owned: Callable[[], list[NodeView]] = list
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
@@ -140,6 +143,11 @@ class Controller:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: BackgroundScheduler | None = None
     _backoff: Backoff = field(default_factory=Backoff)
+    #: The rules' coverage (rule → nodes exporting its input metrics), when it was observed, and
+    #: for which rule set (a reload observes again).
+    _coverage: dict[str, frozenset[str]] = field(default_factory=dict)
+    _coverage_at: datetime | None = None
+    _coverage_rules: object = None
 
     # -- leadership ------------------------------------------------------------------------------
 
@@ -240,6 +248,8 @@ class Controller:
                     fleet=self._fleet(),
                     backoff=self._backoff,
                     fence=self.fence(),
+                    coverage=self._observe_coverage(ruleset, now),
+                    node_labels=self._node_labels(ruleset),
                 )
                 self._count(result)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
@@ -301,6 +311,31 @@ class Controller:
                 continue
             outcome = "refused" if o.refused else "failed" if o.error else "succeeded"
             self.metrics.count_action(o.step, outcome)
+
+    def _observe_coverage(self, ruleset: RuleSet, now: datetime) -> dict[str, frozenset[str]]:
+        """The rules' coverage, observed again every ``safety.coverage_refresh_seconds`` or when
+        the rule set changed; the last good observation stands for a rule whose query failed."""
+        due = (
+            self._coverage_at is None
+            or self._coverage_rules is not ruleset
+            or (now - self._coverage_at).total_seconds() >= self.settings.safety.coverage_refresh_seconds
+        )
+        if due:
+            observed = observe_coverage(ruleset=ruleset, source=self.source, now=now)
+            keep = {r: nodes for r, nodes in self._coverage.items() if self._coverage_rules is ruleset}
+            self._coverage = {**keep, **observed}
+            self._coverage_at, self._coverage_rules = now, ruleset
+        return self._coverage
+
+    def _node_labels(self, ruleset: RuleSet) -> dict[str, dict[str, str]] | None:
+        """Every node's labels when a rule names its pool by them, else None (no list call)."""
+        if not ruleset.pools():
+            return None
+        try:
+            return self.node_labels()
+        except HealerError as exc:
+            log.warning("cannot list node labels (named pools fall back to labelled pools): %s", exc)
+            return None
 
     def _fleet(self) -> dict[str, str] | None:
         """The cluster's nodes and pools, or None when they cannot be listed now (logged)."""

@@ -15,14 +15,14 @@ from healer.model.states import OUT_OF_SERVICE
 from healer.ruleset.schema import RuleSet
 
 
-def turned_bad(findings: TickFindings, rules: RuleSet) -> dict[str, datetime]:
-    """node → when its earliest quarantining finding fired (the circuit breaker's input).
+def turned_bad_on(findings: TickFindings, rules: RuleSet) -> dict[str, dict[str, datetime]]:
+    """node → rule → when that quarantining rule's earliest finding on the node fired.
 
     Findings of frozen rules, unknown nodes and rules not in the rule set are left out: no data and
     stale state never trip the breaker.
     """
     names = {r.name: r for r in rules.rules}
-    out: dict[str, datetime] = {}
+    out: dict[str, dict[str, datetime]] = {}
     for node, found in findings.firing.items():
         if node in findings.unknown:
             continue
@@ -33,9 +33,16 @@ def turned_bad(findings: TickFindings, rules: RuleSet) -> dict[str, datetime]:
             if not {a.kind for a in rule.actions} & {"quarantine", "taint"}:
                 continue
             at = f.fired_at or findings.at
-            if node not in out or at < out[node]:
-                out[node] = at
+            per_rule = out.setdefault(node, {})
+            if f.rule not in per_rule or at < per_rule[f.rule]:
+                per_rule[f.rule] = at
     return out
+
+
+def turned_bad(findings: TickFindings, rules: RuleSet) -> dict[str, datetime]:
+    """node → when its earliest quarantining finding fired (the circuit breaker's input); see
+    :func:`turned_bad_on`."""
+    return {node: min(per_rule.values()) for node, per_rule in turned_bad_on(findings, rules).items()}
 
 
 def order(names: Iterable[str], findings: TickFindings, states: Mapping[str, str]) -> list[str]:

@@ -20,7 +20,18 @@ The budget (Cluster API MachineHealthCheck ``maxUnhealthy``, medik8s ``maxUnheal
 nodes of a pool out of service at once: ``max_unhealthy`` nodes and ``max_unhealthy_percent`` of
 the pool, rounded down as Cluster API does, whichever is smaller. Nodes already out of service
 (quarantined ... validating, or blocked with a cordon on) and quarantines approved earlier in the
-same tick count.
+same tick count. The pool is the rule's node pool (:mod:`healer.engine.pools`: the nodes its
+metrics cover, or the nodes its ``pool.node_selector`` names); a node whose quarantine is on account
+of several rules must fit the budget of each of their pools.
+
+Tiny pools (the absolute floor). Cluster API rounds the percentage down ("40 % of 6 machines: 2 may
+be unhealthy"), so 10 % of a pool under 10 nodes is 0 and such a pool could never be remediated.
+healer's rule: **every pool may always have ``budget_floor_nodes`` (default 1) node(s) out of
+service, however small it is** (never more than ``max_unhealthy``, so ``max_unhealthy: 0`` still
+means none); **the breaker's percentage never trips on fewer than ``breaker_min_nodes`` (default
+3) bad nodes of a pool**, so a pool of fewer than 3 nodes never trips it by percentage (only the
+absolute ``breaker_nodes`` count, over all pools, does). NVSentinel's breaker has the same two
+parts: a percentage of the nodes within a sliding window, and a manual reset.
 
 The circuit breaker (NVSentinel's: % of the fleet within a sliding window, plus an absolute count)
 trips when more than ``breaker_nodes`` nodes, or more than ``breaker_percent`` % of one pool (and at
@@ -65,6 +76,12 @@ class Request:
     pool: str = "default"
     opted_out: bool = False
     already_out: bool = False  # the node already counts against its pool (no new budget slot)
+    pools: tuple[str, ...] = ()  # the rule pools the step counts against; empty = (pool,)
+
+    @property
+    def counted_in(self) -> tuple[str, ...]:
+        """Every pool whose budget this step must fit."""
+        return self.pools or (self.pool,)
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,14 @@ class PoolUsage:
     out: int = 0
 
     def limit(self, settings: SafetyLimits) -> int:
-        """Nodes that may be out at once: the smaller of the absolute and the % cap (rounded down)."""
+        """Nodes that may be out at once: the smaller of the absolute and the % cap (rounded down),
+        never under the floor for tiny pools (``budget_floor_nodes``, at most ``max_unhealthy``
+        and the pool's size)."""
+        floor = min(settings.budget_floor_nodes, settings.max_unhealthy, self.size)
+        return max(self.capped(settings), floor)
+
+    def capped(self, settings: SafetyLimits) -> int:
+        """The smaller of the absolute and the % cap (rounded down, as Cluster API does), no floor."""
         by_percent = math.floor(self.size * settings.max_unhealthy_percent / 100.0 + 1e-9)
         return min(settings.max_unhealthy, by_percent)
 
@@ -95,6 +119,9 @@ class SafetyState:
     """What safety knows during one tick. ``pools`` grows as quarantines are approved.
 
     ``settings`` are the limits (``SafetySettings.limits()`` builds them from the configuration).
+    Pools come as counts (``pools``: pool → usage) or as node sets (``members``: pool → nodes, with
+    ``out_nodes`` the nodes out of service): a node belongs to several rule pools at once, and an
+    approved quarantine then counts in each of them.
     """
 
     settings: SafetyLimits
@@ -102,8 +129,14 @@ class SafetyState:
     paused: bool = False
     breaker_tripped: bool = False
     pools: Mapping[str, PoolUsage] = field(default_factory=dict)
+    members: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    out_nodes: frozenset[str] = frozenset()
 
     def usage(self, pool: str) -> PoolUsage:
+        """The pool's size and how many of its nodes are out (counted from ``members`` if known)."""
+        if pool in self.members:
+            nodes = self.members[pool]
+            return PoolUsage(size=len(nodes), out=len(nodes & self.out_nodes))
         return self.pools.get(pool, PoolUsage(size=0))
 
 
@@ -133,14 +166,16 @@ def window_for(windows: Iterable[MaintenanceWindow], pool: str, now: datetime) -
 
 
 def _over_budget(req: Request, state: SafetyState) -> str | None:
-    usage = state.usage(req.pool)
-    limit = usage.limit(state.settings)
-    if usage.out + 1 > limit:
-        return (
-            f"pool {req.pool}: {usage.out} of {usage.size} node(s) out of service, budget {limit} "
-            f"(max_unhealthy {state.settings.max_unhealthy}, "
-            f"{state.settings.max_unhealthy_percent:g}% of the pool)"
-        )
+    for pool in req.counted_in:
+        usage = state.usage(pool)
+        limit = usage.limit(state.settings)
+        if usage.out + 1 > limit:
+            floor = "" if limit <= usage.capped(state.settings) else ", the floor for small pools"
+            return (
+                f"pool {pool}: {usage.out} of {usage.size} node(s) out of service, budget {limit} "
+                f"(max_unhealthy {state.settings.max_unhealthy}, "
+                f"{state.settings.max_unhealthy_percent:g}% of the pool{floor})"
+            )
     return None
 
 
@@ -211,8 +246,12 @@ def judge(req: Request, state: SafetyState) -> tuple[Decision, SafetyState]:
         if message is not None:
             return Decision(False, check.reason, message, check.blocks), state
     if req.kind == StepKind.QUARANTINE and not req.already_out:
-        usage = state.usage(req.pool)
-        state = replace(state, pools={**state.pools, req.pool: replace(usage, out=usage.out + 1)})
+        counts = dict(state.pools)
+        for pool in req.counted_in:
+            if pool not in state.members:
+                usage = state.usage(pool)
+                counts[pool] = replace(usage, out=usage.out + 1)
+        state = replace(state, pools=counts, out_nodes=state.out_nodes | {req.node})
     return Decision(True, message="approved"), state
 
 
@@ -261,6 +300,8 @@ def breaker(
     now: datetime,
     reset_at: datetime | None = None,
     pools: Mapping[str, str] | None = None,
+    members: Mapping[str, frozenset[str]] | None = None,
+    bad_in: Mapping[str, Iterable[str]] | None = None,
 ) -> BreakerVerdict:
     """Count nodes that turned bad (``turned_bad``: node → when its quarantining finding fired)
     within ``breaker_window_seconds`` before ``now``, and after the last reset.
@@ -269,28 +310,37 @@ def breaker(
     one pool more than ``breaker_percent`` % of the pool's nodes did and at least
     ``breaker_min_nodes`` of them (the floor: in a pool of 4, one bad node is 25 % but never trips).
 
-    ``pools`` maps every node of the cluster to its pool (the denominators); without it the fleet is
-    one pool of ``fleet_size`` nodes. A bad node missing from ``pools`` counts in pool ``default``.
+    The denominators, either:
+
+    * ``members`` (pool → its nodes: the rules' node pools, :mod:`healer.engine.pools`) with
+      ``bad_in`` (bad node → the pools it turned bad in: those of the rules that fired on it); a
+      bad node missing from ``bad_in`` counts in no pool, only in the absolute count; or
+    * ``pools`` (every node of the cluster → its one pool); a bad node missing from it counts in
+      pool ``default``; or
+    * neither: the fleet is one pool of ``fleet_size`` nodes.
     """
     since = now - timedelta(seconds=settings.breaker_window_seconds)
     if reset_at is not None and reset_at > since:
         since = reset_at
     nodes = tuple(sorted(n for n, at in turned_bad.items() if since <= at <= now))
     count = len(nodes)
-    if pools is None:
+    if members is None and pools is not None:
+        grouped: dict[str, set[str]] = {}
+        for node, pool in pools.items():
+            grouped.setdefault(pool, set()).add(node)
+        members = {p: frozenset(ns) for p, ns in grouped.items()}
+        bad_in = {n: (pools.get(n, "default"),) for n in nodes}
+    if members is None:
         shares = [PoolBreaker("", count, max(fleet_size, count, 1))]
     else:
-        sizes: dict[str, int] = {}
-        for pool in pools.values():
-            sizes[pool] = sizes.get(pool, 0) + 1
         bad: dict[str, int] = {}
         for n in nodes:
-            pool = pools.get(n, "default")
-            bad[pool] = bad.get(pool, 0) + 1
+            for pool in set((bad_in or {}).get(n, ())):
+                bad[pool] = bad.get(pool, 0) + 1
         shares = sorted(
-            (PoolBreaker(p, c, max(sizes.get(p, 0), c)) for p, c in bad.items()),
+            (PoolBreaker(p, c, max(len(members.get(p, ())), c)) for p, c in bad.items()),
             key=lambda s: (-s.percent, s.pool),
-        ) or [PoolBreaker("", 0, max(len(pools), 1))]
+        ) or [PoolBreaker("", 0, max(len(set().union(*members.values())) if members else 0, 1))]
     worst = max(shares, key=lambda s: (s.count >= settings.breaker_min_nodes, s.percent))
     over_count = count > settings.breaker_nodes
     over_percent = worst.count >= settings.breaker_min_nodes and worst.percent > settings.breaker_percent

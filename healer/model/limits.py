@@ -25,7 +25,8 @@ class SafetyLimits:
     ``max_unhealthy``: nodes per pool out of service at once (count); ``max_unhealthy_percent``:
     the same as % of the pool, rounded down; ``breaker_nodes``/``breaker_percent``: the breaker
     trips when more nodes (or more % of one pool, counting at least ``breaker_min_nodes`` nodes)
-    turned bad within ``breaker_window_seconds``.
+    turned bad within ``breaker_window_seconds``; ``budget_floor_nodes``: nodes any pool may have
+    out at once however small it is (never more than ``max_unhealthy``).
     """
 
     max_unhealthy: int = 2
@@ -34,4 +35,5 @@ class SafetyLimits:
     breaker_percent: float = 20.0
     breaker_window_seconds: float = 300.0
     breaker_min_nodes: int = 3
+    budget_floor_nodes: int = 1
     maintenance_windows: tuple[MaintenanceWindow, ...] = ()

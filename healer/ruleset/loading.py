@@ -208,6 +208,7 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
     parsed_ok = [p for p in parsed if p is not None]
 
     origins = _check_duplicates(parsed_ok, problems)
+    _check_pool_names(parsed_ok, problems)
     promql_checked = False
     binary = _promtool_binary(promtool)
     if promtool is False:
@@ -665,6 +666,49 @@ def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
                 else:
                     rules[name] = here
     return rules
+
+
+def _check_pool_names(parsed: Sequence[_Parsed], problems: list[RuleProblem]) -> None:
+    """Pools named the same (``pool.name``, default the rule's name) must select the same nodes."""
+    seen: dict[str, tuple[dict[str, str], RuleOrigin]] = {}
+    for p in parsed:
+        for i, group in _raw_groups(p):
+            places: list[tuple[str, CommentedMap, str | None]] = [(f"groups[{i}].pool", group, None)]
+            raw_rules = group.get("rules")
+            if isinstance(raw_rules, CommentedSeq):
+                places += [
+                    (
+                        f"groups[{i}].rules[{j}].pool",
+                        r,
+                        r.get("name") if isinstance(r.get("name"), str) else None,
+                    )
+                    for j, r in enumerate(raw_rules)
+                    if isinstance(r, CommentedMap)
+                ]
+            for field_path, owner, rule_name in places:
+                pool = owner.get("pool")
+                if not isinstance(pool, CommentedMap) or not isinstance(
+                    pool.get("node_selector"), CommentedMap
+                ):
+                    continue
+                name = pool.get("name") if isinstance(pool.get("name"), str) else rule_name
+                if name is None:
+                    continue  # a group's pool without a name: each rule's pool is named after it
+                selector = {str(k): str(v) for k, v in pool["node_selector"].items()}
+                line, col = _key_at(pool, "name" if "name" in pool else "node_selector")
+                here = RuleOrigin(p.path, line + 1, col + 1)
+                if name in seen and seen[name][0] != selector:
+                    problems.append(
+                        RuleProblem(
+                            p.path,
+                            here.line,
+                            here.column,
+                            f"{field_path}.name",
+                            f"pool {name!r} selects other nodes than at {seen[name][1]}: "
+                            "one name, one selector",
+                        )
+                    )
+                seen.setdefault(name, (selector, here))
 
 
 def _promtool_binary(promtool: str | bool) -> str | None:

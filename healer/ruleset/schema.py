@@ -19,6 +19,14 @@ A rule file looks like::
               - ticket: {provider: default}
 
 Durations are Prometheus duration strings and are held as seconds (float).
+
+The budget and the circuit breaker of a rule are counted over the rule's node pool: by default the
+nodes its input metrics cover (observed from Prometheus, within each labelled pool); a rule, or a
+whole group, may name its pool by Kubernetes node labels instead::
+
+    pool:
+      name: h100                                  # optional; default the rule's name
+      node_selector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
 """
 
 from __future__ import annotations
@@ -49,6 +57,24 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _K8S_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+#: A Kubernetes label key (apimachinery ``IsQualifiedName``): an optional DNS subdomain prefix of at
+#: most 253 characters and ``/``, then a name of at most 63 characters.
+_K8S_LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes label key (None when it is one)."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and not _DNS_SUBDOMAIN.match(prefix):
+        return f"label key {key!r}: the prefix must be a DNS subdomain (lower case, at most 253 characters)"
+    if not _K8S_LABEL_NAME.match(name):
+        return (
+            f"label key {key!r}: the name must be at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
 
 
 class _Strict(BaseModel):
@@ -158,6 +184,32 @@ def _normalise_action(value: Any) -> Any:
     return value
 
 
+class PoolSpec(_Strict):
+    """The nodes a rule's budget and breaker are counted over, named by Kubernetes node labels.
+
+    ``node_selector``: label key → value, every pair must match (a Kubernetes ``nodeSelector``);
+    ``name``: the pool's name on the dashboard and in refusals (default: the rule's name). Rules that
+    name the same pool must select the same nodes.
+    """
+
+    name: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    node_selector: dict[str, str] = Field(..., min_length=1)
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector_is_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = [p for key in value if (p := label_key_problem(key))]
+        problems += [
+            f"label value {v!r} of {k!r}: at most 63 letters, digits, '-', '_' or '.', starting and ending "
+            "with a letter or digit"
+            for k, v in value.items()
+            if not _K8S_LABEL_VALUE.match(v)
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
 class Rule(_Strict):
     """One rule: a PromQL condition, how long it must hold, and what to do about it."""
 
@@ -187,6 +239,13 @@ class Rule(_Strict):
     )
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    pool: PoolSpec | None = Field(
+        None,
+        description=(
+            "The nodes this rule's budget and breaker count over, by node labels; unset = the group's, "
+            "else the nodes its input metrics cover."
+        ),
+    )
     actions: list[Annotated[Action, BeforeValidator(_normalise_action)]] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -241,10 +300,11 @@ class Rule(_Strict):
 
 
 class RuleGroup(_Strict):
-    """Rules evaluated together at one interval."""
+    """Rules evaluated together at one interval; ``pool`` is every rule's pool unless it names its own."""
 
     name: str = Field(..., min_length=1)
     interval: Seconds | None = Field(None, gt=0, description="Seconds; unset = the scheduler's default.")
+    pool: PoolSpec | None = None
     rules: list[Rule] = Field(..., min_length=1)
 
 
@@ -269,3 +329,13 @@ class RuleSet(_Strict):
             if r.name == name:
                 return r
         raise KeyError(name)
+
+    def pools(self) -> dict[str, PoolSpec]:
+        """rule name → the pool it names (its own, else its group's); rules without one are left out."""
+        out: dict[str, PoolSpec] = {}
+        for group in self.groups:
+            for rule in group.rules:
+                spec = rule.pool or group.pool
+                if spec is not None:
+                    out[rule.name] = spec
+        return out

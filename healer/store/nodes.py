@@ -23,6 +23,9 @@ SWITCH_PAUSED = "paused"  # {"paused": bool, "reason": str}
 SWITCH_BREAKER = "breaker"  # {"tripped": bool, "reason": str, "tripped_at": iso, "held": [node, ...]}
 SWITCH_LAST_TICK = "last_tick"  # {"at": iso, "duration_seconds": float, "leader": str}
 SWITCH_SOURCE = "source"  # {"ok": bool, "since": iso, "reason": str} (healer.model.source_health)
+#: {"pools": [{"name": str, "kind": "coverage"|"selector", "rules": [...], "nodes": [...]}]}: the
+#: rule pools the last tick counted over (labelled pools are read from the nodes table).
+SWITCH_POOLS = "pools"
 SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
 
 

@@ -48,8 +48,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer import __version__
 from healer.config import ProviderSettings, Settings, TicketSettings
-from healer.engine.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.errors import TicketError
+from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.redaction import install_log_redaction, redact_text, redact_url
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket

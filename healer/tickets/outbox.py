@@ -23,8 +23,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from healer.engine.findings import Finding
-from healer.engine.states import ActionStatus, OutboxStatus, TicketStatus
+from healer.model.findings import Finding
+from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
 

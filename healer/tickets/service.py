@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from healer.engine.states import ActionStatus, NodeState, OutboxStatus, TicketStatus
+from healer.model.states import ActionStatus, NodeState, OutboxStatus, TicketStatus
 from healer.operations import OperationError
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.engine.states import NodeState
+from healer.model.states import NodeState
 from healer.sources.prometheus_range import PrometheusRange
 from healer.store import migrate
 from healer.store import nodes as repo

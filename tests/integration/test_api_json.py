@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.engine.states import NodeState
+from healer.model.states import NodeState
 from healer.store import nodes as repo
 from tests.integration.test_api_support import (
     EVIL_LABEL,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.engine.states import NodeState
+from healer.model.states import NodeState
 from healer.store import nodes as repo
 from tests.integration.test_api_support import (
     EVIL_LABEL,
@@ -72,7 +72,7 @@ class TestFleet:
         assert "tripped" in text and "6 nodes went bad in 300s" in text
         assert "dry-run" in text
         assert "2026-03-01 11:59:40Z (20s ago, took 0.80 s, by healer-0)" in text
-        assert "h100 2 2 0" in text  # pool, nodes, out of service, limit
+        assert "h100 2 2 1" in text  # pool, nodes, out of service, limit (the floor for small pools: 1)
         assert "XidFatal error" in text and "GpuTooHot ok" in text
 
     def test_a_node_quarantined_by_taint_alone_is_shown_tainted(

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import Settings, load_settings
-from healer.engine.states import ActionStatus, NodeState
+from healer.model.states import ActionStatus, NodeState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Finding, Gpu, OutboxMessage, RuleEvaluation, Ticket

@@ -31,8 +31,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine.evaluation import ChangeKind
-from healer.engine.findings import Finding
-from healer.engine.states import RuleHealth
+from healer.model.findings import Finding
+from healer.model.states import RuleHealth
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import RuleGroup, RuleSet
 from healer.sources.prometheus import PrometheusSource

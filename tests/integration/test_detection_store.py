@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.engine.evaluation import EvaluationState, QueryResult, Sample, evaluate
-from healer.engine.states import FindingState
 from healer.errors import QueryError
+from healer.model.states import FindingState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store.evaluations import (
     latest_reports,

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import load_settings
 from healer.detection import initial_state, run_detection
-from healer.engine.states import NodeState
 from healer.metrics import HealerMetrics
+from healer.model.states import NodeState
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import RuleGroup, RuleSet
 from healer.sources.prometheus import PrometheusSource

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from healer.cli import app
-from healer.engine.states import NodeState
+from healer.model.states import NodeState
 from healer.store import nodes as repo
 from healer.store.models import Action
 from healer.store.session import make_engine, make_sessionmaker, transaction

@@ -25,7 +25,7 @@ from healer.store import nodes as repo
 from healer.store.models import Incident, Node
 from healer.store.session import transaction
 from healer_dev.k8s_emulator import KubernetesEmulator, pod
-from tests.integration.test_remediation import T0, Harness, fleet_nodes, hot, tick
+from healer_dev.remediation_harness import T0, Harness, fleet_nodes, hot, tick
 from tests.k8s_emulator import emulator, k8s_settings
 from tests.services import wait_until
 

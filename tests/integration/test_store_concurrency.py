@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from healer.engine.states import NodeState, TicketStatus
+from healer.model.states import NodeState, TicketStatus
 from healer.store import migrate
 from healer.store.models import Action, Base, Node, Ticket, Transition
 from healer.store.session import make_engine, make_sessionmaker, transaction

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.routes.ticket_callbacks import router
 from healer.config import Settings, load_settings
-from healer.engine.states import NodeState, OutboxStatus, TicketStatus
+from healer.model.states import NodeState, OutboxStatus, TicketStatus
 from healer.operations import OperationError
 from healer.store.models import Action, CallbackNonce, Node, OutboxMessage, Ticket, Transition
 from healer.tickets import service, signing

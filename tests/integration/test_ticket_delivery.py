@@ -18,8 +18,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import Settings, load_settings
-from healer.engine.findings import Finding
-from healer.engine.states import FindingState, NodeState, OutboxStatus, TicketStatus
+from healer.model.findings import Finding
+from healer.model.states import FindingState, NodeState, OutboxStatus, TicketStatus
 from healer.store import nodes as repo
 from healer.store.models import Action, Gpu, Incident, Node, OutboxMessage, Ticket
 from healer.store.models import Finding as FindingRow

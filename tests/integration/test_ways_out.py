@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from healer.config import Settings
-from healer.controller import RemediationResult, advance_drains, remediate
+from healer.controller import RemediationResult
 from healer.metrics import HealerMetrics
 from healer.model.findings import Finding, TickFindings
 from healer.model.states import FindingState, NodeState, TicketStatus
@@ -21,8 +21,9 @@ from healer.store.session import transaction
 from healer.tickets import service as tickets_service
 from healer.tickets.payloads import build_context
 from healer_dev.k8s_emulator import node, pod, pod_disruption_budget
+from healer_dev.remediation_harness import HOLD, POOL_LABEL, T0, Harness, fleet_nodes, hot, tick
 from tests.integration.test_api_support import build_app, http_client
-from tests.integration.test_remediation import HOLD, POOL_LABEL, T0, Harness, fleet_nodes, harness, hot, tick
+from tests.integration.test_remediation import harness
 from tests.k8s_emulator import emulator, k8s_api, k8s_settings
 
 __all__ = ["emulator", "harness", "k8s_api", "k8s_settings"]
@@ -55,22 +56,11 @@ RULES = RuleSet(
 
 
 def run(h: Harness, findings: TickFindings, *, fleet: dict[str, str] | None = None) -> RemediationResult:
-    return remediate(
-        findings=findings,
-        rules=RULES,
-        actions=h.actions,
-        session_factory=h.sessions,
-        settings=h.settings,
-        now=findings.at,
-        fleet=fleet if fleet is not None else h.actions.node_pools(),
-        recovery_hold_seconds=HOLD,
-    )
+    return h.remediate(findings, rules=RULES, fleet=fleet if fleet is not None else h.actions.node_pools())
 
 
 def drains(h: Harness, now: datetime) -> RemediationResult:
-    return advance_drains(
-        rules=RULES, actions=h.actions, session_factory=h.sessions, settings=h.settings, now=now
-    )
+    return h.drains(now, rules=RULES)
 
 
 def with_safety(h: Harness, **safety: Any) -> Harness:

@@ -22,8 +22,8 @@ from healer.engine.evaluation import (
     render_template,
     series_key,
 )
-from healer.engine.states import FindingState, RuleHealth
 from healer.errors import QueryError, SourceError, SourceUnavailable
+from healer.model.states import FindingState, RuleHealth
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -850,3 +850,55 @@ def test_loaded_rules_hold_durations_in_seconds_and_actions_normalised(tmp_path:
     assert [a.kind for a in rule.actions] == ["quarantine", "drain", "ticket"]
     assert rule.actions[1].timeout == 2700.0  # type: ignore[union-attr]
     assert rule.actions[2].provider == "acme"  # type: ignore[union-attr]
+
+
+# --- rule pools (pool: node_selector) --------------------------------------------------------------
+
+
+POOLED = """\
+groups:
+  - name: ib
+    pool:
+      name: infiniband
+      node_selector: {feature.node.kubernetes.io/rdma.available: "true"}
+    rules:
+      - name: IbPortDown
+        expr: node_infiniband_port_state != 5
+        annotations: {summary: down}
+        actions: [quarantine]
+      - name: GpuTooHot
+        expr: DCGM_FI_DEV_GPU_TEMP > 78
+        annotations: {summary: hot}
+        pool:
+          name: h100
+          node_selector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
+        actions: [quarantine]
+"""
+
+
+def test_a_pool_named_by_node_labels_loads(tmp_path: Path) -> None:
+    ruleset = load_ruleset([write(tmp_path, POOLED)], promtool=False)
+    pools = ruleset.pools()
+    assert pools["IbPortDown"].name == "infiniband"  # the group's
+    assert pools["GpuTooHot"].node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+def test_a_bad_node_selector_is_reported_with_its_place(tmp_path: Path) -> None:
+    text = POOLED.replace("nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3", '"Bad Key": "not a value!"')
+    (problem,) = problems_of(write(tmp_path, text), promtool=False)
+    assert (problem.line, problem.field) == (16, "groups[0].rules[1].pool.node_selector")
+    assert "label key 'Bad Key'" in problem.message and "label value 'not a value!'" in problem.message
+
+
+def test_a_pool_needs_a_selector(tmp_path: Path) -> None:
+    text = POOLED.replace('      node_selector: {feature.node.kubernetes.io/rdma.available: "true"}\n', "")
+    (problem,) = problems_of(write(tmp_path, text), promtool=False)
+    assert problem.field == "groups[0].pool.node_selector"
+
+
+def test_one_pool_name_selects_one_set_of_nodes(tmp_path: Path) -> None:
+    other = POOLED.replace("name: h100", "name: infiniband")
+    (problem,) = problems_of(write(tmp_path, other), promtool=False)
+    assert (problem.line, problem.field) == (15, "groups[0].rules[1].pool.name")
+    assert problem.message.startswith("pool 'infiniband' selects other nodes than at ")
+    assert ":4:" in problem.message  # the first definition's line

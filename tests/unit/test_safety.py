@@ -47,8 +47,12 @@ CASES = [
         Refusal.BUDGET,
         True,
     ),
-    ("budget: 10% of 9 nodes rounds down to 0", req(), state(pools={"a100": PoolUsage(9, 0)}), False,
+    ("budget: 10% of 9 nodes rounds down to 0 (no floor)", req(),
+     state(pools={"a100": PoolUsage(9, 0)}, settings=replace(LIMITS, budget_floor_nodes=0)), False,
      Refusal.BUDGET, True),
+    ("budget floor: a pool of 9 may always take 1 out", req(), state(pools={"a100": PoolUsage(9, 0)}), True,
+     None, False),
+    ("budget floor: but never 2", req(), state(pools={"a100": PoolUsage(9, 1)}), False, Refusal.BUDGET, True),
     (
         "budget per pool: another pool's use does not count",
         req(pool="h100"),
