@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from healer.engine.evaluation import node_of
+from healer.errors import QueryError
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule
 from healer.sources.prometheus import PrometheusSource
@@ -228,3 +229,18 @@ def test_static_samples_fire_the_same_rules_on_both_engines_and_old_totals_fire_
         "GpuSilentThrottling",
         "GpuFatalXid",
     }
+
+
+def test_victoria_metrics_answers_through_healers_source_like_prometheus(
+    victoria_metrics: SharedVictoriaMetrics,
+) -> None:
+    with PrometheusSource(victoria_metrics.url, timeout_seconds=QUERY_TIMEOUT) as source:
+        now = datetime.now(UTC)
+        # A PromQL it cannot parse is the rule's fault (VictoriaMetrics says errorType "422").
+        with pytest.raises(QueryError, match=r"HTTP 422.*query: sum\(up"):
+            source.query("sum(up", at=now)
+        with pytest.raises(QueryError, match="cannot compile regex"):
+            source.query('label_replace(up, "a", "$1", "job", "(")', at=now)
+        # A constant and an empty answer are answers.
+        assert [(s.labels, s.value) for s in source.query("1 + 1", at=now).samples] == [({}, 2.0)]
+        assert source.query('up{job="no-such-job"}', at=now).samples == []
