@@ -197,7 +197,9 @@ def shared_victoria_metrics(workdir: Path) -> Iterator[SharedVictoriaMetrics]:
     """Start VictoriaMetrics with ``workdir/targets.json`` (empty) as its file_sd; stop it on exit."""
     targets_file = workdir / "targets.json"
     targets_file.write_text("[]")
-    with victoria_metrics_server(file_sd=[targets_file], workdir=workdir / "vm") as server:
+    # A loaded test machine queues queries for longer than the default 30 s limit.
+    extra = ["-search.maxQueryDuration=120s"]
+    with victoria_metrics_server(file_sd=[targets_file], workdir=workdir / "vm", extra_args=extra) as server:
         yield SharedVictoriaMetrics(server=server, targets_file=targets_file)
 
 

@@ -109,7 +109,7 @@ def test_the_default_pack_finds_the_same_nodes_on_prometheus_and_victoria_metric
     with (
         PrometheusSource(prom.url, timeout_seconds=QUERY_TIMEOUT) as on_prom,
         PrometheusSource(vm.url, timeout_seconds=QUERY_TIMEOUT) as on_vm,
-        ThreadPoolExecutor(max_workers=4) as pool,
+        ThreadPoolExecutor(max_workers=2) as pool,
     ):
         for checkpoint in CHECKPOINTS:
             clock.set(float(checkpoint))

@@ -188,6 +188,16 @@ class TestRuleErrors:
             source(fake).query("sum(", at=AT)
         assert len(fake.requests) == 1
 
+    def test_victoria_metrics_422_for_a_timeout_is_unavailable(self, fake: FakePrometheus) -> None:
+        # VictoriaMetrics 1.79's answer to a query queued past -search.maxQueryDuration.
+        error = (
+            "cannot execute query: timeout exceeded before starting the query processing: "
+            "30.000 seconds (elapsed 33.775 seconds)"
+        )
+        fake.answer = Answer(status=422, body={"status": "error", "errorType": "422", "error": error})
+        with pytest.raises(SourceUnavailable, match=r"HTTP 422 422: .*timeout exceeded"):
+            source(fake).query("up", at=AT)
+
     def test_victoria_metrics_503_is_unavailable(self, fake: FakePrometheus) -> None:
         fake.answer = Answer(status=503, body={"status": "error", "errorType": "503", "error": "timeout"})
         with pytest.raises(SourceUnavailable, match="HTTP 503 503"):
