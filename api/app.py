@@ -47,6 +47,7 @@ def create_app(
     *,
     clock: Callable[[], datetime],
     prometheus: PrometheusRange,
+    history: PrometheusRange,
     metrics: HealerMetrics,
     ruleset_provider: Callable[[], RuleSet | None] | None = None,
     leader_provider: Callable[[], bool] | None = None,
@@ -58,7 +59,8 @@ def create_app(
             ``prometheus`` for charts, ``scheduler`` for readiness).
         session_factory: database sessions; each request opens its own.
         clock: returns aware UTC now.
-        prometheus: the range-query adapter for charts.
+        prometheus: the range-query adapter for charts (short timeout: a page waits for it).
+        history: the range-query adapter for the backtest page (Prometheus's own timeout).
         metrics: the process's metrics; the scrape-time database collector is added here.
         ruleset_provider: returns the rule set in force (None: rules are then listed from recent
             evaluations).
@@ -89,6 +91,7 @@ def create_app(
         ),
     )
     app.state.prometheus = prometheus
+    app.state.history = history
     app.state.chart_gate = ChartGate(concurrency=CHART_CONCURRENCY, wait_seconds=CHART_WAIT_SECONDS)
     app.state.probe_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="healer-probe")
     install_error_handlers(app)

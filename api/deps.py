@@ -13,6 +13,7 @@ from api.auth import Auth, Identity
 from api.errors import ApiError
 from healer.config import Settings
 from healer.ruleset.schema import RuleSet
+from healer.sources.prometheus_range import PrometheusRange
 
 #: A row id in a path (a ticket's): 1 .. 2**31-1, what the database's ``integer`` holds. Anything
 #: else is a 400 before a query runs.
@@ -67,9 +68,16 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
+def get_history(request: Request) -> PrometheusRange:
+    """The range-query source for replays of history (built by the composition root)."""
+    history: PrometheusRange = request.app.state.history
+    return history
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 IdentityDep = Annotated[Identity, Depends(get_identity)]
 OperatorDep = Annotated[Identity, Depends(require_operator)]
 NowDep = Annotated[datetime, Depends(get_now)]
 RuleSetDep = Annotated[RuleSet | None, Depends(get_ruleset)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+HistoryDep = Annotated[PrometheusRange, Depends(get_history)]

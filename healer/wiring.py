@@ -166,10 +166,12 @@ def dashboard(
     leader_provider: Callable[[], bool] | None = None,
     metrics: HealerMetrics | None = None,
     prometheus: PrometheusRange | None = None,
+    history: PrometheusRange | None = None,
 ) -> FastAPI:
     """The dashboard and API app, with its chart source (unless given: range queries on
-    ``settings.prometheus``, each at most :data:`CHART_TIMEOUT_SECONDS`) and a metrics registry (a
-    fresh one unless given)."""
+    ``settings.prometheus``, each at most :data:`CHART_TIMEOUT_SECONDS`), its history source for
+    the Rules page's backtest (unless given: range queries on ``settings.prometheus`` with its own
+    ``timeout_seconds``) and a metrics registry (a fresh one unless given)."""
     from api.app import create_app
     from healer.metrics import HealerMetrics
     from healer.sources.prometheus_range import PrometheusRange
@@ -180,11 +182,16 @@ def dashboard(
         headers=settings.prometheus.headers,
         verify_tls=settings.prometheus.verify_tls,
     )
+    p = settings.prometheus
+    history = history or PrometheusRange(
+        p.url, timeout_seconds=p.timeout_seconds, headers=p.headers, verify_tls=p.verify_tls
+    )
     return create_app(
         settings,
         sessions,
         clock=clock,
         prometheus=charts,
+        history=history,
         metrics=metrics or HealerMetrics(),
         ruleset_provider=ruleset_provider,
         leader_provider=leader_provider,

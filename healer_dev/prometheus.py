@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,12 +18,17 @@ from typing import Any
 import httpx
 import yaml
 
+from healer.sources.local_server import free_port, local_prometheus, stop_process
 
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = [
+    "PrometheusServer",
+    "ScrapeTarget",
+    "free_port",
+    "prometheus_server",
+    "scrape_configs",
+    "stop_process",
+    "wait_until",
+]
 
 
 def wait_until(
@@ -43,16 +47,6 @@ def wait_until(
                 return result
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}") from last_exc
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """Terminate ``process``; kill it when it has not exited after ``timeout`` seconds."""
-    process.terminate()
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 # --- Prometheus -------------------------------------------------------------------------------
@@ -97,11 +91,33 @@ class PrometheusServer:
         return list(wait_until(lambda: self.query(expr), timeout=timeout, what=f"series for {expr}"))
 
 
-def _prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if not found:
-        raise RuntimeError("prometheus not found on PATH (Debian package 'prometheus'; .ci/run installs it)")
-    return found
+def scrape_configs(
+    targets: Sequence[ScrapeTarget], *, scrape_interval: str, file_sd: Sequence[Path] = ()
+) -> list[dict[str, Any]]:
+    """The ``scrape_configs`` of a Prometheus config file scraping ``targets`` (one job per job name
+    and metrics path) and the ``file_sd`` JSON files (one job ``fleet``). VictoriaMetrics reads the
+    same section (``-promscrape.config``)."""
+    jobs: dict[tuple[str, str], list[ScrapeTarget]] = {}
+    for t in targets:
+        jobs.setdefault((t.job, t.metrics_path), []).append(t)
+    configs: list[dict[str, Any]] = [
+        {
+            "job_name": f"{job}-{i}",
+            "metrics_path": path,
+            "scrape_interval": scrape_interval,
+            "static_configs": [{"targets": [t.address], "labels": {"job": job, **t.labels}} for t in ts],
+        }
+        for i, ((job, path), ts) in enumerate(jobs.items())
+    ]
+    if file_sd:
+        configs.append(
+            {
+                "job_name": "fleet",
+                "scrape_interval": scrape_interval,
+                "file_sd_configs": [{"files": [str(p.resolve()) for p in file_sd]}],
+            }
+        )
+    return configs
 
 
 @contextlib.contextmanager
@@ -126,61 +142,25 @@ def prometheus_server(
     keep = workdir is not None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-prom-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    jobs: dict[tuple[str, str], list[ScrapeTarget]] = {}
-    for t in targets:
-        jobs.setdefault((t.job, t.metrics_path), []).append(t)
-    scrape_configs = [
-        {
-            "job_name": f"{job}-{i}",
-            "metrics_path": path,
-            "scrape_interval": scrape_interval,
-            "static_configs": [{"targets": [t.address], "labels": {"job": job, **t.labels}} for t in ts],
-        }
-        for i, ((job, path), ts) in enumerate(jobs.items())
-    ]
-    if file_sd:
-        scrape_configs.append(
-            {
-                "job_name": "fleet",
-                "scrape_interval": scrape_interval,
-                "file_sd_configs": [
-                    {"files": [str(p.resolve()) for p in file_sd], "refresh_interval": "10s"}
-                ],
-            }
-        )
+    configs = scrape_configs(targets, scrape_interval=scrape_interval, file_sd=file_sd)
+    for c in configs:
+        for sd in c.get("file_sd_configs", []):
+            sd["refresh_interval"] = "10s"
     config = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": evaluation_interval},
-        "scrape_configs": scrape_configs,
+        "scrape_configs": configs,
         "rule_files": [str(p.resolve()) for p in rule_files],
     }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = port or free_port()
-    log = (workdir / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [
-            _prometheus_binary(),
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",
-            "--log.level=warn",
-            *extra_args,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    server = PrometheusServer(url=f"http://127.0.0.1:{port}", process=process, workdir=workdir)
     try:
-
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError((workdir / "prometheus.log").read_text())
-            return httpx.get(f"{server.url}/-/ready", timeout=2).status_code == 200
-
-        wait_until(ready, timeout=30, what="prometheus ready")
-        yield server
+        with local_prometheus(
+            config=workdir / "prometheus.yml",
+            data=workdir / "data",
+            log=workdir / "prometheus.log",
+            extra_args=["--web.enable-lifecycle", *extra_args],
+            port=port,
+        ) as local:
+            yield PrometheusServer(url=local.url, process=local.process, workdir=workdir)
     finally:
-        stop_process(process)
-        log.close()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

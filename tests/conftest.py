@@ -1,5 +1,5 @@
 """Shared fixtures: real PostgreSQL (one server per session) and databases on both backends; a real
-Kubernetes control plane (one per session, when built)."""
+VictoriaMetrics (one per session); a real Kubernetes control plane (one per session, when built)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tests.helm import NAMESPACE as HELM_NAMESPACE
 from tests.helm import rendered_objects, require_helm
 from tests.kube_cluster import BUILD_HINT, ControlPlane, control_plane, find_binaries
 from tests.kube_cluster import REPORT as KUBE_REPORT
-from tests.services import PostgresServer, postgres_server
+from tests.services import PostgresServer, SharedVictoriaMetrics, postgres_server, shared_victoria_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -107,6 +107,18 @@ def engine(migrated_db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return make_sessionmaker(engine)
+
+
+# --- a real VictoriaMetrics (tests/services.py) ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def victoria_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedVictoriaMetrics]:
+    """Single-node VictoriaMetrics on loopback for the session (Debian package ``victoria-metrics``),
+    scraping every second the targets a test hands to ``scrape(file_sd)``; ``-search.latencyOffset=0s``
+    so a query for now sees the last scrape; storage in a temporary directory, 1 day retention."""
+    with shared_victoria_metrics(tmp_path_factory.mktemp("victoria-metrics")) as vm:
+        yield vm
 
 
 # --- a real Kubernetes control plane (tests/kube_cluster.py) --------------------------------------

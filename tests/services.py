@@ -1,13 +1,14 @@
-"""Real services for tests: a throwaway PostgreSQL server and Prometheus servers.
+"""Real services for tests: a throwaway PostgreSQL server, Prometheus and VictoriaMetrics servers.
 
 Started by fixtures in ``tests/conftest.py``; nothing here is mocked. Binaries come from Debian's
-packages (``postgresql-15``, ``prometheus``), which ``.ci/run`` installs.
+packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``), which ``.ci/run`` installs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
+
 from healer_dev.prometheus import (
     PrometheusServer,
     ScrapeTarget,
@@ -25,15 +28,20 @@ from healer_dev.prometheus import (
     prometheus_server,
     wait_until,
 )
+from healer_dev.victoria_metrics import VictoriaMetricsServer, victoria_metrics_server
 
 __all__ = [
     "PostgresServer",
     "PrometheusServer",
     "ScrapeTarget",
+    "SharedVictoriaMetrics",
+    "VictoriaMetricsServer",
     "free_port",
     "postgres_server",
     "prometheus_server",
+    "shared_victoria_metrics",
     "text_exporter",
+    "victoria_metrics_server",
     "wait_until",
 ]
 
@@ -128,6 +136,71 @@ def postgres_server() -> Iterator[PostgresServer]:
             capture_output=True,
         )
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --- VictoriaMetrics ----------------------------------------------------------------------------
+
+
+@dataclass
+class SharedVictoriaMetrics:
+    """One VictoriaMetrics for the session (``victoria_metrics`` fixture): it scrapes whatever file_sd
+    targets the test running now hands to :meth:`scrape`, every second (``scrape_interval`` of the
+    file's groups is not read: the server's is).
+
+    :meth:`scrape` first stops the previous targets and deletes every stored series, so a test sees
+    only what its own targets exported (the rules that look an hour back would otherwise see the
+    previous test's nodes fall silent).
+    """
+
+    server: VictoriaMetricsServer
+    targets_file: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def scrape(self, file_sd: Path) -> None:
+        """Scrape the targets of ``file_sd`` (a file_sd JSON file) instead of the previous ones, on
+        an empty database; VictoriaMetrics re-reads the file within a second."""
+        self.stop_scraping()
+        self._delete_everything()
+        self._write(json.loads(file_sd.read_text()))
+
+    def stop_scraping(self) -> None:
+        """Drop every target; returns once VictoriaMetrics scrapes none."""
+        self._write([])
+
+        def no_targets() -> bool:
+            body = httpx.get(f"{self.url}/api/v1/targets", timeout=10).json()
+            return not body["data"]["activeTargets"]
+
+        wait_until(no_targets, timeout=30, what="VictoriaMetrics to stop scraping")
+
+    def _delete_everything(self) -> None:
+        every = {"match[]": '{__name__=~".+"}'}
+        r = httpx.post(f"{self.url}/api/v1/admin/tsdb/delete_series", params=every, timeout=30)
+        r.raise_for_status()
+        wait_until(
+            lambda: not self.server.query('count({__name__=~".+"})'),
+            timeout=30,
+            what="VictoriaMetrics to forget every series",
+        )
+
+    def _write(self, groups: list[object]) -> None:
+        staged = self.targets_file.with_suffix(".tmp")
+        staged.write_text(json.dumps(groups))
+        staged.replace(self.targets_file)  # never a half-written file
+
+
+@contextlib.contextmanager
+def shared_victoria_metrics(workdir: Path) -> Iterator[SharedVictoriaMetrics]:
+    """Start VictoriaMetrics with ``workdir/targets.json`` (empty) as its file_sd; stop it on exit."""
+    targets_file = workdir / "targets.json"
+    targets_file.write_text("[]")
+    # A loaded test machine queues queries for longer than the default 30 s limit.
+    extra = ["-search.maxQueryDuration=120s"]
+    with victoria_metrics_server(file_sd=[targets_file], workdir=workdir / "vm", extra_args=extra) as server:
+        yield SharedVictoriaMetrics(server=server, targets_file=targets_file)
 
 
 # --- exporters --------------------------------------------------------------------------------

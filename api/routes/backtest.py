@@ -13,14 +13,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
-from api.deps import IdentityDep, NowDep, RuleSetDep, SettingsDep
+from api.deps import HistoryDep, IdentityDep, NowDep, RuleSetDep, SettingsDep
 from api.errors import ApiError
 from healer.backtesting import backtest
 from healer.engine.replay import ReplaySettings
 from healer.errors import SourceError
 from healer.reports.backtest_html import render
 from healer.ruleset.schema import RuleGroup, RuleSet
-from healer.sources.prometheus_range import PrometheusRange
 
 router = APIRouter(include_in_schema=False)
 
@@ -34,6 +33,7 @@ def rule_backtest(
     now: NowDep,
     ruleset: RuleSetDep,
     settings: SettingsDep,
+    source: HistoryDep,
     _who: IdentityDep,
     days: Annotated[float, Query(gt=0, le=MAX_DAYS)] = 7,
     step: Annotated[float, Query(ge=30, le=3600, description="Seconds between ticks.")] = 300,
@@ -45,10 +45,6 @@ def rule_backtest(
         raise ApiError(404, f"no rule {name!r} in the rule set in force")
     rule = next(r for r in group.rules if r.name == name)
     single = RuleSet(groups=(RuleGroup(name=group.name, interval=group.interval, rules=[rule]),))
-    p = settings.prometheus
-    source = PrometheusRange(
-        p.url, timeout_seconds=p.timeout_seconds, headers=p.headers, verify_tls=p.verify_tls
-    )
     end = now.replace(microsecond=0)
     try:
         (report,) = backtest(

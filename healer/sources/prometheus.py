@@ -19,6 +19,14 @@ Errors (see :mod:`healer.errors`)::
     └── SourceUnavailable  timeout, deadline passed, 5xx, transport error, non-JSON or odd body
 
 An empty ``result`` is a success with no samples, never an error.
+
+Engines that serve this API (checked against each in tests): Prometheus; VictoriaMetrics, whose
+errors carry the HTTP status as ``errorType`` (``"422"`` for a PromQL it cannot parse or run, where
+Prometheus writes ``bad_data``/``execution``, but also for a query past its
+``-search.maxQueryDuration``, which is unavailability), whose answers may carry ``stats`` (ignored) and, in
+its cluster version, ``isPartial: true`` when a storage node did not answer (kept as a warning: a
+node missing from a partial answer is not known healthy); Thanos and Mimir answer like Prometheus
+(partial answers as ``warnings``).
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ __all__ = ["PrometheusSource", "QueryResult", "Sample"]
 
 #: errorType values that mean the expression is at fault, not the server (no point retrying).
 _RULE_ERRORS = frozenset({"bad_data", "execution"})
+#: VictoriaMetrics writes the HTTP status as errorType; these statuses blame the expression
+#: (Prometheus's API: 400 bad_data, 422 execution).
+_RULE_STATUSES = frozenset({"400", "422"})
+_PARTIAL = "partial answer (isPartial): some storage nodes did not answer; series may be missing"
 _CHUNK = 256 * 1024
 #: How much of an unexpected body goes into an error message.
 _EXCERPT = 200
@@ -182,10 +194,12 @@ class PrometheusSource:
                 f"{self._where}: HTTP {status}, not a Prometheus API answer: {_excerpt(body)!r}"
             )
         warnings = [str(w) for w in doc.get("warnings") or []]
+        if doc.get("isPartial") is True:
+            warnings.append(_PARTIAL)
         if doc["status"] == "error" or status != 200:
             error_type = str(doc.get("errorType") or "")
             message = f"{self._where}: HTTP {status} {error_type}: {doc.get('error')}"
-            if error_type in _RULE_ERRORS:
+            if error_type in _RULE_ERRORS or _vm_rule_error(error_type, status, str(doc.get("error"))):
                 # The rule is broken: the whole PromQL is what its author needs.
                 raise QueryError(f"{message} (query: {' '.join(expr.split())})")
             raise SourceUnavailable(f"{message} (query: {_short(expr)})")
@@ -195,6 +209,13 @@ class PrometheusSource:
             raise SourceUnavailable(
                 f"{self._where}: malformed query data ({type(exc).__name__}: {exc}): {_excerpt(body)!r}"
             ) from exc
+
+
+def _vm_rule_error(error_type: str, status: int, error: str) -> bool:
+    """VictoriaMetrics's errorType is the HTTP status, and it answers 422 both to a PromQL it cannot
+    run and to a query that waited past ``-search.maxQueryDuration`` (``timeout exceeded``): only
+    the first is the rule's fault."""
+    return error_type == str(status) and error_type in _RULE_STATUSES and "timeout" not in error.lower()
 
 
 def _read(response: requests.Response, end: float) -> bytes | None:

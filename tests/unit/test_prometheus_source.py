@@ -129,6 +129,16 @@ class TestSuccess:
         assert result.warnings == ["store eu-1 unavailable"]
         assert len(result.samples) == 1
 
+    def test_victoria_metrics_stats_are_ignored_and_a_partial_answer_is_a_warning(
+        self, fake: FakePrometheus
+    ) -> None:
+        fake.answer = Answer(
+            body=success([series("1", node="n1")], isPartial=True, stats={"seriesFetched": "1"})
+        )
+        result = source(fake).query("x", at=AT)
+        assert [s.labels for s in result.samples] == [{"node": "n1"}]
+        assert len(result.warnings) == 1 and "isPartial" in result.warnings[0]
+
     def test_scalar_result_is_one_unlabelled_sample(self, fake: FakePrometheus) -> None:
         fake.answer = Answer(
             body={"status": "success", "data": {"resultType": "scalar", "result": [AT.timestamp(), "2"]}}
@@ -165,6 +175,33 @@ class TestRuleErrors:
         )
         with pytest.raises(QueryError, match="many-to-many"):
             source(fake).query("a * b", at=AT)
+
+    def test_victoria_metrics_422_with_the_status_as_error_type_is_a_query_error(
+        self, fake: FakePrometheus
+    ) -> None:
+        # VictoriaMetrics 1.79's answer to `sum(` (errorType is the HTTP status).
+        fake.answer = Answer(
+            status=422,
+            body={"status": "error", "errorType": "422", "error": 'singleExpr: unexpected token ""'},
+        )
+        with pytest.raises(QueryError, match=r"HTTP 422 422: singleExpr.*query: sum\("):
+            source(fake).query("sum(", at=AT)
+        assert len(fake.requests) == 1
+
+    def test_victoria_metrics_422_for_a_timeout_is_unavailable(self, fake: FakePrometheus) -> None:
+        # VictoriaMetrics 1.79's answer to a query queued past -search.maxQueryDuration.
+        error = (
+            "cannot execute query: timeout exceeded before starting the query processing: "
+            "30.000 seconds (elapsed 33.775 seconds)"
+        )
+        fake.answer = Answer(status=422, body={"status": "error", "errorType": "422", "error": error})
+        with pytest.raises(SourceUnavailable, match=r"HTTP 422 422: .*timeout exceeded"):
+            source(fake).query("up", at=AT)
+
+    def test_victoria_metrics_503_is_unavailable(self, fake: FakePrometheus) -> None:
+        fake.answer = Answer(status=503, body={"status": "error", "errorType": "503", "error": "timeout"})
+        with pytest.raises(SourceUnavailable, match="HTTP 503 503"):
+            source(fake).query("up", at=AT)
 
 
 class TestUnavailable:
