@@ -164,7 +164,9 @@ DCGM_FAMILIES: tuple[Family, ...] = (
         "counter",
         "d",
     ),
-    Family("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "counter", "d"),
+    Family(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "counter", "d"
+    ),
     Family("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "gauge", "d"),
     Family("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending", "gauge", "d"),
     Family(

@@ -105,7 +105,8 @@ class FleetConfig:
             raise ValueError(f"management_hcas must be 0..4, got {self.management_hcas}")
         if self.exporter_version not in EXPORTER_VERSIONS:
             raise ValueError(
-                f"exporter_version must be one of {', '.join(EXPORTER_VERSIONS)}, got {self.exporter_version!r}"
+                f"exporter_version must be one of {', '.join(EXPORTER_VERSIONS)}, "
+                f"got {self.exporter_version!r}"
             )
         if not 0.0 <= self.idle_fraction <= 1.0:
             raise ValueError(f"idle_fraction must be 0..1, got {self.idle_fraction}")
@@ -405,7 +406,9 @@ class Fleet:
         if instances is None:
             return tuple(_View(pod=p) for p in pod_indices)
         count, profile = instances
-        return tuple(_View(instance=i, profile=profile, pod=p) for i in range(1, count + 1) for p in pod_indices)
+        return tuple(
+            _View(instance=i, profile=profile, pod=p) for i in range(1, count + 1) for p in pod_indices
+        )
 
     def _labels(self, n: _Node, g: int, view: _View) -> list[tuple[str, str]]:
         """Label pairs of one series of GPU ``g``, in the 3.x output template's order."""
@@ -435,7 +438,9 @@ class Fleet:
             pairs += [("container", "server"), ("namespace", "serving"), ("pod", pod)]
         return pairs
 
-    def _with_extra(self, pairs: list[tuple[str, str]], extra: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    def _with_extra(
+        self, pairs: list[tuple[str, str]], extra: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
         """``pairs`` with ``extra`` labels: after the driver version (3.x), or all sorted (4.x)."""
         if self.config.exporter_version == "4.x":
             return sorted([*pairs, *extra])

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from healer_dev.simulator import catalog as c
 from healer_dev.simulator.scenario import (
-    ExporterDown,
     IB_COUNTER_BITS,
     EccDbe,
+    ExporterDown,
     ExporterRestart,
     Fault,
     GpuMissing,
@@ -344,9 +344,7 @@ class NodeModel:
     def _gpu_counters(self, t: float) -> dict[str, list[int]]:
         """Counters before any exporter restart is applied (monotonic in ``t``)."""
         n = self.gpus
-        counters = {
-            name: [0] * n for name in (_PCIE, _FLIT, _DATA, _REPLAY, _RECOVERY, _UNCORR, _CORR, _DBE)
-        }
+        counters = {name: [0] * n for name in (_PCIE, _FLIT, _DATA, _REPLAY, _RECOVERY, _UNCORR, _CORR, _DBE)}
         counters[_ENERGY] = [self.energy0[g] + int(self.power_base[g] * t * 1000) for g in range(n)]
         for f in self.faults:
             if f.at > t or getattr(f, "gpu", n) >= n:
@@ -370,9 +368,7 @@ class NodeModel:
 
     def ib_present(self, t: float) -> tuple[int, ...]:
         """The HCAs listed at ``t`` (an ``ib_hca_missing`` fault removes one)."""
-        gone = {
-            int(f.hca[5:]) for f in self.faults if isinstance(f, IbHcaMissing) and _active(f, t)
-        }
+        gone = {int(f.hca[5:]) for f in self.faults if isinstance(f, IbHcaMissing) and _active(f, t)}
         return tuple(h for h in range(self.hcas) if h not in gone)
 
     def ib_values(self, t: float) -> dict[str, list[int] | list[float]]:
