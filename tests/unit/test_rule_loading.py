@@ -163,7 +163,13 @@ def _csv_fields(path: Path) -> dict[str, str]:
 
 
 def _known_fields(line: str) -> set[str]:
-    """The DCGM field names exporter ``line`` knows (tests/fixtures/dcgm-fields-<line>.txt)."""
+    """The DCGM field names exporter ``line`` knows (tests/fixtures/dcgm-fields-<line>.txt).
+
+    Sources (each file's header has the detail): 3.x from NVIDIA/dcgm-exporter's 3.x ``pkg/cmd/app.go``
+    (field 112 as ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``, the ``DCGM_EXP_*`` collectors) and its 2.x/3.x
+    ``etc/default-counters.csv``, ids from DCGM's ``dcgm_fields.h``; 4.x from NVIDIA/go-dcgm
+    ``pkg/dcgm/const_fields.go``, the table 4.x exporters resolve CSV names against.
+    """
     rows = (FIXTURES / f"dcgm-fields-{line}.txt").read_text().splitlines()
     return {row.split()[1] for row in rows if row.strip() and not row.startswith("#")}
 
