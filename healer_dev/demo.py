@@ -112,6 +112,19 @@ class DemoEnvironment:
     prometheus_url: str
 
 
+def new_steps(session: Session, after: int) -> tuple[list[str], int]:
+    """Lifecycle steps recorded after transition id ``after``, oldest first, one line each
+    (``gpu-node-07: healthy -> quarantined (reason)``), and the last id seen."""
+    rows = session.execute(
+        select(Transition.id, Node.name, Transition.from_state, Transition.to_state, Transition.reason)
+        .join(Node, Node.id == Transition.node_id)
+        .where(Transition.id > after)
+        .order_by(Transition.id)
+    ).all()
+    lines = [f"{name}: {old} -> {new} ({reason})" for _, name, old, new, reason in rows]
+    return lines, (rows[-1][0] if rows else after)
+
+
 def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: str) -> DemoSummary:
     with sessions() as session:
         states = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).tuples().all())
@@ -313,9 +326,15 @@ def run_demo(
         print(f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)", flush=True)
         started = time.monotonic()
         next_report = started + report_every
+        last_step = 0
         try:
             while duration is None or time.monotonic() - started < duration:
                 time.sleep(0.5)
+                # every lifecycle step as it happens: quarantine, drain, ticket wait, repair, return
+                with sessions() as session:
+                    steps, last_step = new_steps(session, last_step)
+                for step in steps:
+                    print(f"[{time.monotonic() - started:5.0f}s] {step}", flush=True)
                 if time.monotonic() >= next_report:
                     line = summarize(settings, sessions, dashboard).line()
                     print(f"[{time.monotonic() - started:5.0f}s] {line}", flush=True)
