@@ -556,11 +556,16 @@ def _allowed_keys(model: type[BaseModel]) -> list[str]:
 
 def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProblem:
     loc: tuple[int | str, ...] = tuple(err["loc"])
+    at_field = (err.get("ctx") or {}).get("at_field")
+    if at_field and loc:
+        loc = (*loc[:-1], str(at_field))  # a check of one key whose fix is in another
     field_path, line, col = _locate(tree, loc)
     kind = err["type"]
     msg = str(err["msg"])
     value = err.get("input")
-    if kind in ("value_error", "assertion_error"):
+    if at_field:
+        message = msg
+    elif kind in ("value_error", "assertion_error"):
         message = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     elif kind == "extra_forbidden":
         key = str(loc[-1])

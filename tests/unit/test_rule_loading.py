@@ -614,7 +614,8 @@ MISTAKES = [
                 expr: up
                 actions: [quarantine]
         """,
-        (6, 9, "groups[0].rules[0].actions", "rule name 'gpu:xid' becomes the taint's value"),
+        # the name is what to change: the error points at the `name:` line, not at `actions:`
+        (4, 9, "groups[0].rules[0].name", "rule name 'gpu:xid' becomes the taint's value"),
     ),
     (
         "YAML syntax",
