@@ -764,7 +764,24 @@ def _check_promql(
     return True
 
 
+#: Prometheus's parser names tokens as ``<op:>>``, ``<aggr:sum>``, ``<by>`` (``Item.String`` in
+#: promql/parser/lex.go); :func:`readable_promql_error` spells them out.
+_PROMQL_TOKEN = re.compile(r"<(?:(?P<kind>op|aggr):)?(?P<val>[^\s<>]+?|[<>=!~]+?)>(?=$|[\s,;:)])")
+
+
+def readable_promql_error(message: str) -> str:
+    """A Prometheus parse error with its token notation spelled out: ``unexpected <op:>>`` →
+    ``unexpected operator '>'``, ``<aggr:sum>`` → ``aggregation 'sum'``, ``<by>`` → ``keyword 'by'``."""
+
+    def spell(match: re.Match[str]) -> str:
+        what = {"op": "operator", "aggr": "aggregation"}.get(match["kind"] or "", "keyword")
+        return f"{what} '{match['val']}'"
+
+    return _PROMQL_TOKEN.sub(spell, message)
+
+
 def _promtool_problem(ref: _ExprRef, message: str) -> RuleProblem:
+    message = readable_promql_error(message)
     rule, path = ref.rule, ref.parsed.path
     template = _TEMPLATE_FIELD.match(message)
     if template:

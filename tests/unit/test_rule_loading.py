@@ -566,7 +566,7 @@ MISTAKES = [
                     DCGM_FI_DEV_GPU_TEMP
                   ) >> 78
         """,
-        (8, 14, "groups[0].rules[0].expr", "PromQL parse error: unexpected <op:>>"),
+        (8, 14, "groups[0].rules[0].expr", "PromQL parse error: unexpected operator '>'"),
     ),
     (
         "PromQL bad duration inside the expression",
@@ -684,7 +684,7 @@ def test_three_mistakes_give_three_problems_in_file_order(tmp_path: Path) -> Non
     assert [str(p) for p in caught.value.problems] == [
         f"{path}:6:9: groups[0].rules[0].for: not a Prometheus duration: '5 minutes' "
         "(use e.g. 30s, 5m, 1h30m)",
-        f"{path}:8:41: groups[0].rules[1].expr: PromQL parse error: unexpected <op:==>",
+        f"{path}:8:41: groups[0].rules[1].expr: PromQL parse error: unexpected operator '=='",
         f"{path}:9:31: groups[0].rules[1].actions[1]: unknown action 'reboot' "
         "(allowed: quarantine, taint, drain, ticket, notify)",
     ]
@@ -857,3 +857,19 @@ def test_loaded_rules_hold_durations_in_seconds_and_actions_normalised(tmp_path:
     assert [a.kind for a in rule.actions] == ["quarantine", "drain", "ticket"]
     assert rule.actions[1].timeout == 2700.0  # type: ignore[union-attr]
     assert rule.actions[2].provider == "acme"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("promtool", "readable"),
+    [
+        ("parse error: unexpected <op:>>", "parse error: unexpected operator '>'"),
+        ("unexpected <op:>=> in x", "unexpected operator '>=' in x"),
+        ("unexpected <aggr:sum>, expected x", "unexpected aggregation 'sum', expected x"),
+        ("unexpected <by> in aggregation", "unexpected keyword 'by' in aggregation"),
+        ('unexpected "}" in label matching', 'unexpected "}" in label matching'),
+    ],
+)
+def test_promql_errors_spell_out_the_parsers_token_notation(promtool: str, readable: str) -> None:
+    from healer.ruleset.loading import readable_promql_error
+
+    assert readable_promql_error(promtool) == readable
