@@ -35,11 +35,13 @@ from healer.ruleset.schema import RuleSet
 from healer.store.models import Node, Ticket, Transition
 from healer.wiring import build_process
 from healer_dev.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
+from healer_dev.node_exporter import binary as node_exporter_binary
 from healer_dev.prometheus import free_port, prometheus_server, wait_until
 from healer_dev.provider import Receiver
 from healer_dev.simulator.fleet import Fleet, FleetConfig
 from healer_dev.simulator.scenario import load_scenario
 from healer_dev.simulator.server import ElapsedClock, SimulatorServer
+from healer_dev.simulator.sysfs import real_node_exporters
 
 DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
 
@@ -150,8 +152,14 @@ def demo_environment(
     database_url: str | None = None,
     resolve_after: float = 90.0,
     speed: float = 1.0,
+    real_node_exporter: bool = True,
 ) -> Iterator[DemoEnvironment]:
-    """Bring everything up, yield handles on all of it, tear it all down."""
+    """Bring everything up, yield handles on all of it, tear it all down.
+
+    ``real_node_exporter``: the InfiniBand series come from one real node_exporter per node reading
+    the simulator's sysfs tree, when node_exporter is installed (one line says which is used);
+    False: the simulator serves them itself.
+    """
     if shutil.which("prometheus") is None:
         raise SystemExit(
             "error: the demo needs Prometheus: install it with `sudo apt-get install prometheus` "
@@ -163,7 +171,28 @@ def demo_environment(
 
     fleet = Fleet(FleetConfig(nodes=nodes), load_scenario(scenario))
     simulator = SimulatorServer(fleet, clock=ElapsedClock(speed=speed)).start()
-    sd_file = simulator.write_file_sd(workdir / "fleet-targets.json")
+    stack = contextlib.ExitStack()
+    node_exporters = None
+    if real_node_exporter and node_exporter_binary() is not None:
+        print(
+            f"InfiniBand: {nodes} real node_exporters read the simulated sysfs trees "
+            f"({workdir / 'sysfs'}/<node>, --path.sysfs)",
+            flush=True,
+        )
+        try:
+            node_exporters = stack.enter_context(
+                real_node_exporters(fleet, simulator.clock, workdir / "sysfs", interval=2.0)
+            )
+        except BaseException:
+            simulator.stop()
+            raise
+    elif real_node_exporter:
+        print(
+            "InfiniBand: node_exporter not installed (Debian package prometheus-node-exporter): "
+            "the simulator serves the InfiniBand series itself",
+            flush=True,
+        )
+    sd_file = simulator.write_file_sd(workdir / "fleet-targets.json", node_exporters=node_exporters)
 
     emulator = KubernetesEmulator(auto_reschedule=True).start()
     emulator.load([namespace("healer-system"), *gpu_fleet(nodes)])
@@ -261,6 +290,7 @@ def demo_environment(
     finally:
         receiver.stop()
         emulator.stop()
+        stack.close()
         simulator.stop()
 
 

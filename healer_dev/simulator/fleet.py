@@ -553,21 +553,34 @@ class Fleet:
         """URL path of ``node``'s ``exporter`` on the simulator server."""
         return f"/nodes/{node}/{exporter}/metrics"
 
-    def targets(self, address: str, nodes: list[str] | None = None) -> list[dict[str, Any]]:
+    def targets(
+        self,
+        address: str,
+        nodes: list[str] | None = None,
+        *,
+        node_exporters: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
         """Prometheus ``http_sd_config`` / ``file_sd_config`` target groups, one per node and exporter.
 
         ``address`` is the simulator's ``host:port``; each group sets ``__metrics_path__`` and the
-        :meth:`target_labels`. Shape: ``[{"targets": ["host:port"], "labels": {...}}, ...]``.
+        :meth:`target_labels`. ``node_exporters`` (``{node: host:port}``, e.g. real node_exporters on
+        the simulator's sysfs trees) replaces the simulated node_exporter endpoint of those nodes.
+        Shape: ``[{"targets": ["host:port"], "labels": {...}}, ...]``.
         """
         groups = []
         for name in nodes if nodes is not None else self.node_names:
             for exporter in EXPORTERS:
-                labels = {"__metrics_path__": self.metrics_path(name, exporter)}
+                where, path = address, self.metrics_path(name, exporter)
+                if exporter == "node" and node_exporters and name in node_exporters:
+                    where, path = node_exporters[name], "/metrics"
+                labels = {"__metrics_path__": path}
                 labels.update(self.target_labels(name, exporter))
-                groups.append({"targets": [address], "labels": labels})
+                groups.append({"targets": [where], "labels": labels})
         return groups
 
-    def write_file_sd(self, path: Path | str, *, address: str) -> Path:
+    def write_file_sd(
+        self, path: Path | str, *, address: str, node_exporters: dict[str, str] | None = None
+    ) -> Path:
         """Write :meth:`targets` as a ``file_sd_configs`` JSON file, atomically (Prometheus watches it).
 
         Returns the path written. Raises OSError when the directory is not writable.
@@ -576,6 +589,6 @@ class Fleet:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".sd-", suffix=".json", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(self.targets(address), fh, indent=1)
+            json.dump(self.targets(address, node_exporters=node_exporters), fh, indent=1)
         os.replace(tmp, target)
         return target

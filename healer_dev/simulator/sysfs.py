@@ -14,12 +14,14 @@ words (node_exporter multiplies ``port_rcv_data``/``port_xmit_data`` by 4).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from healer_dev.node_exporter import run_node_exporters
 from healer_dev.simulator import catalog as c
 from healer_dev.simulator.fleet import Fleet
 
@@ -145,3 +147,27 @@ class SysfsFeeder:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+
+
+@contextlib.contextmanager
+def real_node_exporters(
+    fleet: Fleet, clock: Callable[[], float], root: Path, *, interval: float = 2.0
+) -> Iterator[dict[str, str]]:
+    """One real node_exporter per node of ``fleet``, each reading that node's sysfs tree under
+    ``root/<node>``, kept at the clock's time every ``interval`` seconds; yields ``{node: host:port}``.
+
+    Faults of the simulated endpoint itself (``exporter_down``, ``exporter_restart`` of ``node``) do
+    not apply: these are real exporters.
+
+    Raises:
+        RuntimeError: node_exporter is not installed (:data:`healer_dev.node_exporter.MISSING`).
+    """
+    trees = [SysfsTree(fleet, name, root / name) for name in fleet.node_names]
+    feeder = SysfsFeeder(trees, clock, interval=interval)
+    feeder.write_all()
+    try:
+        with run_node_exporters([tree.root for tree in trees]) as addresses:
+            feeder.start()
+            yield {tree.node: address for tree, address in zip(trees, addresses, strict=True)}
+    finally:
+        feeder.stop()
