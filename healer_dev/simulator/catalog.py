@@ -46,6 +46,8 @@ HCA_TYPE = "MT4129"
 #: ``hca_type`` of a management HCA (ConnectX-6 Dx, Ethernet/RoCE) and its ``rate`` text in sysfs.
 MGMT_HCA_TYPE = "MT4125"
 MGMT_RATE_TEXT = "100 Gb/sec (4X EDR)"
+#: That rate as node_exporter reports it, bytes per second.
+MGMT_RATE_BYTES_PER_SECOND = 12_500_000_000
 #: ``ports/<n>/rate`` text of a compute HCA (node_exporter turns it into 50e9 bytes per second).
 IB_RATE_TEXT = "400 Gb/sec (4X NDR)"
 #: NDR 400 Gb/s port rate as node_exporter reports it, bytes per second.

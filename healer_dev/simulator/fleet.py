@@ -44,6 +44,8 @@ EXPORTERS: tuple[ExporterName, ...] = ("dcgm", "node")
 ExporterVersion = Literal["reference", "3.x", "4.x"]
 EXPORTER_VERSIONS: tuple[str, ...] = ("reference", "3.x", "4.x")
 
+_IB_RATE = "node_infiniband_rate_bytes_per_second"
+
 #: Alphabet of Kubernetes' random name suffixes (no vowels, no look-alikes).
 _K8S_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -380,6 +382,11 @@ class Fleet:
         args: list[str] = []
         for fam in c.IB_FAMILIES:
             vals = values[fam.name]
+            if fam.name == _IB_RATE:
+                vals = [
+                    c.MGMT_RATE_BYTES_PER_SECOND if self.is_management_hca(h) else v
+                    for h, v in enumerate(vals)
+                ]
             args += [go_float(vals[h]) for h in present]
         return template.format(*args)
 
