@@ -65,24 +65,35 @@ PHYS_STATES = {
 class SysfsTree:
     """The sysfs tree of one simulated node under ``root``; :meth:`write` brings it to time ``t``.
 
-    Only files whose text changed are rewritten (each atomically, by rename), so node_exporter never
-    reads half a file. Not thread-safe: one writer per tree.
+    Only files whose text changed are rewritten, each atomically (written under ``root/.tmp``, then
+    renamed into place), so node_exporter never reads half a file. Not thread-safe: one writer per
+    tree. Paths are plain strings and I/O is ``os``-level: a 64-node fleet rewrites ~2500 traffic
+    counters every tick.
     """
 
     def __init__(self, fleet: Fleet, node: str, root: Path) -> None:
         self.fleet = fleet
         self.node = node
         self.root = Path(root)
-        self._written: dict[Path, str] = {}
+        self._written: dict[str, str] = {}
+        self._tmp = str(self.root / ".tmp" / "file")
         (self.root / "class" / "infiniband").mkdir(parents=True, exist_ok=True)
+        (self.root / ".tmp").mkdir(exist_ok=True)
+        self._made: set[str] = set()
 
-    def _put(self, path: Path, text: str) -> None:
+    def _put(self, path: str, text: str) -> None:
         if self._written.get(path) == text:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="ascii")
-        os.replace(tmp, path)
+        folder = os.path.dirname(path)
+        if folder not in self._made:
+            os.makedirs(folder, exist_ok=True)
+            self._made.add(folder)
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, text.encode("ascii"))
+        finally:
+            os.close(fd)
+        os.replace(self._tmp, path)
         self._written[path] = text
 
     def device_dir(self, h: int) -> Path:
@@ -94,23 +105,25 @@ class SysfsTree:
         model = self.fleet.model(self.node)
         values = model.ib_values(t)
         present = set(model.ib_present(t))
+        state, phys = values[_IB + "state_id"], values[_IB + "physical_state_id"]
         for h in range(model.hcas):
-            base = self.device_dir(h)
+            base = str(self.device_dir(h))
             if h not in present:
-                if base.exists():
+                if os.path.isdir(base):
                     shutil.rmtree(base)
-                    self._written = {p: v for p, v in self._written.items() if base not in p.parents}
+                    self._written = {p: v for p, v in self._written.items() if not p.startswith(base + "/")}
+                    self._made = {d for d in self._made if not (d + "/").startswith(base + "/")}
                 continue
             mgmt = self.fleet.is_management_hca(h)
-            self._put(base / "board_id", f"{c.HCA_BOARD_ID}\n")
-            self._put(base / "fw_ver", f"{c.HCA_FIRMWARE}\n")
-            self._put(base / "hca_type", f"{c.MGMT_HCA_TYPE if mgmt else c.HCA_TYPE}\n")
-            port = base / "ports" / "1"
-            self._put(port / "state", PORT_STATES[int(values[_IB + "state_id"][h])] + "\n")
-            self._put(port / "phys_state", PHYS_STATES[int(values[_IB + "physical_state_id"][h])] + "\n")
-            self._put(port / "rate", (c.MGMT_RATE_TEXT if mgmt else c.IB_RATE_TEXT) + "\n")
+            self._put(f"{base}/board_id", f"{c.HCA_BOARD_ID}\n")
+            self._put(f"{base}/fw_ver", f"{c.HCA_FIRMWARE}\n")
+            self._put(f"{base}/hca_type", f"{c.MGMT_HCA_TYPE if mgmt else c.HCA_TYPE}\n")
+            port = f"{base}/ports/1"
+            self._put(f"{port}/state", PORT_STATES[int(state[h])] + "\n")
+            self._put(f"{port}/phys_state", PHYS_STATES[int(phys[h])] + "\n")
+            self._put(f"{port}/rate", (c.MGMT_RATE_TEXT if mgmt else c.IB_RATE_TEXT) + "\n")
             for family, (name, divisor) in SYSFS_COUNTERS.items():
-                self._put(port / "counters" / name, f"{int(values[family][h]) // divisor}\n")
+                self._put(f"{port}/counters/{name}", f"{int(values[family][h]) // divisor}\n")
 
 
 class SysfsFeeder:
