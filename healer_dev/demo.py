@@ -170,7 +170,8 @@ def demo_environment(
     workdir.mkdir(parents=True)
 
     fleet = Fleet(FleetConfig(nodes=nodes), load_scenario(scenario))
-    simulator = SimulatorServer(fleet, clock=ElapsedClock(speed=speed)).start()
+    clock = ElapsedClock(speed=speed)
+    simulator = SimulatorServer(fleet, clock=clock).start()
     stack = contextlib.ExitStack()
     node_exporters = None
     if real_node_exporter and node_exporter_binary() is not None:
@@ -192,6 +193,9 @@ def demo_environment(
             "the simulator serves the InfiniBand series itself",
             flush=True,
         )
+    # The scenario starts now: writing 64 sysfs trees and starting 64 exporters takes a while on a
+    # busy machine, and the first faults (Xid 79 at 1 min) must not be over before Prometheus looks.
+    clock.restart()
     sd_file = simulator.write_file_sd(workdir / "fleet-targets.json", node_exporters=node_exporters)
 
     emulator = KubernetesEmulator(auto_reschedule=True).start()

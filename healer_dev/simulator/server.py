@@ -49,6 +49,11 @@ class ElapsedClock:
     def __call__(self) -> float:
         return self.offset + (time.monotonic() - self._start) * self.speed
 
+    def restart(self) -> None:
+        """Start counting again from ``offset`` now (e.g. once slow set-up is done, so a scenario's
+        first faults are not over before anything scrapes them)."""
+        self._start = time.monotonic()
+
 
 class ManualClock:
     """A clock that moves only when told to (tests, replays). Thread-safe enough: a float assignment."""
