@@ -182,7 +182,7 @@ def demo_environment(
         )
         try:
             node_exporters = stack.enter_context(
-                real_node_exporters(fleet, simulator.clock, workdir / "sysfs", interval=2.0)
+                real_node_exporters(fleet, clock, workdir / "sysfs", interval=2.0, traffic_every=5)
             )
         except BaseException:
             simulator.stop()

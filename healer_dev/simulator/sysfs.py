@@ -49,6 +49,12 @@ SYSFS_COUNTERS: dict[str, tuple[str, int]] = {
     _IB + "vl15_dropped_total": ("VL15_dropped", 1),
 }
 
+#: Counters that move on a healthy busy port every second (traffic, not errors): a feeder may
+#: refresh them less often than the rest (:class:`SysfsFeeder` ``traffic_every``).
+TRAFFIC_COUNTERS = frozenset(
+    {"port_rcv_data", "port_xmit_data", "port_rcv_packets", "port_xmit_packets", "port_xmit_wait"}
+)
+
 #: ``state`` and ``phys_state`` texts by id (Linux ``drivers/infiniband/core/sysfs.c``).
 PORT_STATES = {0: "0: NOP", 1: "1: DOWN", 2: "2: INIT", 3: "3: ARMED", 4: "4: ACTIVE", 5: "5: ACTIVE_DEFER"}
 PHYS_STATES = {
@@ -100,8 +106,9 @@ class SysfsTree:
         """``class/infiniband/<dev>`` of HCA ``h``."""
         return self.root / "class" / "infiniband" / self.fleet.hca_name(h)
 
-    def write(self, t: float) -> None:
-        """Write every listed HCA's files as the simulator has them at ``t``; remove HCAs gone."""
+    def write(self, t: float, *, traffic: bool = True) -> None:
+        """Write every listed HCA's files as the simulator has them at ``t``; remove HCAs gone.
+        ``traffic`` False leaves the :data:`TRAFFIC_COUNTERS` as they are (once written)."""
         model = self.fleet.model(self.node)
         values = model.ib_values(t)
         present = set(model.ib_present(t))
@@ -123,25 +130,39 @@ class SysfsTree:
             self._put(f"{port}/phys_state", PHYS_STATES[int(phys[h])] + "\n")
             self._put(f"{port}/rate", (c.MGMT_RATE_TEXT if mgmt else c.IB_RATE_TEXT) + "\n")
             for family, (name, divisor) in SYSFS_COUNTERS.items():
-                self._put(f"{port}/counters/{name}", f"{int(values[family][h]) // divisor}\n")
+                path = f"{port}/counters/{name}"
+                if traffic or name not in TRAFFIC_COUNTERS or path not in self._written:
+                    self._put(path, f"{int(values[family][h]) // divisor}\n")
 
 
 class SysfsFeeder:
     """Keeps several nodes' :class:`SysfsTree` at the clock's time, rewriting them every ``interval``
     seconds in a daemon thread (start with :meth:`start`, stop with :meth:`stop`)."""
 
-    def __init__(self, trees: list[SysfsTree], clock: Callable[[], float], *, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        trees: list[SysfsTree],
+        clock: Callable[[], float],
+        *,
+        interval: float = 1.0,
+        traffic_every: int = 1,
+    ) -> None:
         self.trees = trees
         self.clock = clock
         self.interval = interval
+        self.traffic_every = traffic_every
+        self._ticks = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def write_all(self) -> None:
-        """Bring every tree to the clock's time now."""
+        """Bring every tree to the clock's time now (traffic counters every ``traffic_every`` calls:
+        they are most of the writes, and no rule reads them)."""
         t = self.clock()
+        traffic = self._ticks % self.traffic_every == 0
+        self._ticks += 1
         for tree in self.trees:
-            tree.write(t)
+            tree.write(t, traffic=traffic)
 
     def start(self) -> SysfsFeeder:
         """Write once, then keep writing in a daemon thread; returns self."""
@@ -164,10 +185,11 @@ class SysfsFeeder:
 
 @contextlib.contextmanager
 def real_node_exporters(
-    fleet: Fleet, clock: Callable[[], float], root: Path, *, interval: float = 2.0
+    fleet: Fleet, clock: Callable[[], float], root: Path, *, interval: float = 2.0, traffic_every: int = 1
 ) -> Iterator[dict[str, str]]:
     """One real node_exporter per node of ``fleet``, each reading that node's sysfs tree under
-    ``root/<node>``, kept at the clock's time every ``interval`` seconds; yields ``{node: host:port}``.
+    ``root/<node>``, kept at the clock's time every ``interval`` seconds (traffic counters every
+    ``traffic_every`` intervals); yields ``{node: host:port}``.
 
     Faults of the simulated endpoint itself (``exporter_down``, ``exporter_restart`` of ``node``) do
     not apply: these are real exporters.
@@ -176,7 +198,7 @@ def real_node_exporters(
         RuntimeError: node_exporter is not installed (:data:`healer_dev.node_exporter.MISSING`).
     """
     trees = [SysfsTree(fleet, name, root / name) for name in fleet.node_names]
-    feeder = SysfsFeeder(trees, clock, interval=interval)
+    feeder = SysfsFeeder(trees, clock, interval=interval, traffic_every=traffic_every)
     feeder.write_all()
     try:
         with run_node_exporters([tree.root for tree in trees]) as addresses:
