@@ -547,7 +547,7 @@ def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary
             opted_out=n.opted_out,
             rules=sorted(rules.get(n.name, ())),
             affected_gpus=sorted(gpus.get(n.name, ()), key=_gpu_sort_key),
-            gpu_count=gpu_counts.get(n.id, 0),
+            gpu_count=gpu_counts.get(n.id),
             ticket=tickets.get(n.id),
             drain_blocked=n.state == NodeState.BLOCKED and blocked.get(n.id, (None, None))[0] == "drain",
             blocked_reason=blocked[n.id][1] if n.state == NodeState.BLOCKED and n.id in blocked else None,

@@ -56,7 +56,11 @@ class NodeSummary(BaseModel):
     )
     rules: list[str] = Field(default_factory=list, description="Rules with a pending or firing finding.")
     affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
-    gpu_count: int = 0
+    gpu_count: int | None = Field(
+        None,
+        description="GPUs of the node healer has recorded by UUID (each GPU a finding named); null when "
+        "healer has recorded none, which says nothing about how many GPUs the node has.",
+    )
     ticket: TicketBrief | None = None
     drain_blocked: bool = Field(
         False, description="Blocked because its drain could not finish (PodDisruptionBudgets, refused pods)."

@@ -35,11 +35,13 @@ from healer.ruleset.schema import RuleSet
 from healer.store.models import Node, Ticket, Transition
 from healer.wiring import build_process
 from healer_dev.k8s_emulator import KubernetesEmulator, gpu_fleet, namespace
+from healer_dev.node_exporter import binary as node_exporter_binary
 from healer_dev.prometheus import free_port, prometheus_server, wait_until
 from healer_dev.provider import Receiver
 from healer_dev.simulator.fleet import Fleet, FleetConfig
 from healer_dev.simulator.scenario import load_scenario
 from healer_dev.simulator.server import ElapsedClock, SimulatorServer
+from healer_dev.simulator.sysfs import real_node_exporters
 
 DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
 
@@ -112,6 +114,19 @@ class DemoEnvironment:
     prometheus_url: str
 
 
+def new_steps(session: Session, after: int) -> tuple[list[str], int]:
+    """Lifecycle steps recorded after transition id ``after``, oldest first, one line each
+    (``gpu-node-07: healthy -> quarantined (reason)``), and the last id seen."""
+    rows = session.execute(
+        select(Transition.id, Node.name, Transition.from_state, Transition.to_state, Transition.reason)
+        .join(Node, Node.id == Transition.node_id)
+        .where(Transition.id > after)
+        .order_by(Transition.id)
+    ).all()
+    lines = [f"{name}: {old} -> {new} ({reason})" for _, name, old, new, reason in rows]
+    return lines, (rows[-1][0] if rows else after)
+
+
 def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: str) -> DemoSummary:
     with sessions() as session:
         states = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).tuples().all())
@@ -137,8 +152,14 @@ def demo_environment(
     database_url: str | None = None,
     resolve_after: float = 90.0,
     speed: float = 1.0,
+    real_node_exporter: bool = True,
 ) -> Iterator[DemoEnvironment]:
-    """Bring everything up, yield handles on all of it, tear it all down."""
+    """Bring everything up, yield handles on all of it, tear it all down.
+
+    ``real_node_exporter``: the InfiniBand series come from one real node_exporter per node reading
+    the simulator's sysfs tree, when node_exporter is installed (one line says which is used);
+    False: the simulator serves them itself.
+    """
     if shutil.which("prometheus") is None:
         raise SystemExit(
             "error: the demo needs Prometheus: install it with `sudo apt-get install prometheus` "
@@ -149,8 +170,33 @@ def demo_environment(
     workdir.mkdir(parents=True)
 
     fleet = Fleet(FleetConfig(nodes=nodes), load_scenario(scenario))
-    simulator = SimulatorServer(fleet, clock=ElapsedClock(speed=speed)).start()
-    sd_file = simulator.write_file_sd(workdir / "fleet-targets.json")
+    clock = ElapsedClock(speed=speed)
+    simulator = SimulatorServer(fleet, clock=clock).start()
+    stack = contextlib.ExitStack()
+    node_exporters = None
+    if real_node_exporter and node_exporter_binary() is not None:
+        print(
+            f"InfiniBand: {nodes} real node_exporters read the simulated sysfs trees "
+            f"({workdir / 'sysfs'}/<node>, --path.sysfs)",
+            flush=True,
+        )
+        try:
+            node_exporters = stack.enter_context(
+                real_node_exporters(fleet, clock, workdir / "sysfs", interval=2.0, traffic_every=5)
+            )
+        except BaseException:
+            simulator.stop()
+            raise
+    elif real_node_exporter:
+        print(
+            "InfiniBand: node_exporter not installed (Debian package prometheus-node-exporter): "
+            "the simulator serves the InfiniBand series itself",
+            flush=True,
+        )
+    # The scenario starts now: writing 64 sysfs trees and starting 64 exporters takes a while on a
+    # busy machine, and the first faults (Xid 79 at 1 min) must not be over before Prometheus looks.
+    clock.restart()
+    sd_file = simulator.write_file_sd(workdir / "fleet-targets.json", node_exporters=node_exporters)
 
     emulator = KubernetesEmulator(auto_reschedule=True).start()
     emulator.load([namespace("healer-system"), *gpu_fleet(nodes)])
@@ -248,6 +294,7 @@ def demo_environment(
     finally:
         receiver.stop()
         emulator.stop()
+        stack.close()
         simulator.stop()
 
 
@@ -313,9 +360,15 @@ def run_demo(
         print(f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)", flush=True)
         started = time.monotonic()
         next_report = started + report_every
+        last_step = 0
         try:
             while duration is None or time.monotonic() - started < duration:
                 time.sleep(0.5)
+                # every lifecycle step as it happens: quarantine, drain, ticket wait, repair, return
+                with sessions() as session:
+                    steps, last_step = new_steps(session, last_step)
+                for step in steps:
+                    print(f"[{time.monotonic() - started:5.0f}s] {step}", flush=True)
                 if time.monotonic() >= next_report:
                     line = summarize(settings, sessions, dashboard).line()
                     print(f"[{time.monotonic() - started:5.0f}s] {line}", flush=True)

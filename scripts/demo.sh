@@ -16,6 +16,15 @@ if ! command -v prometheus >/dev/null 2>&1; then
   fi
 fi
 
+# The InfiniBand side comes from the real node_exporter reading simulated sysfs trees; without it
+# the demo says so in one line and the simulator serves those series itself. Not fatal.
+if ! command -v prometheus-node-exporter >/dev/null 2>&1 && ! command -v node_exporter >/dev/null 2>&1 \
+   && command -v apt-get >/dev/null 2>&1; then
+  echo "healer demo: installing prometheus-node-exporter (optional) ..."
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get install -y -q prometheus-node-exporter >/dev/null 2>&1 || true
+fi
+
 if [ ! -x .venv/bin/healer ]; then
   echo "healer demo: creating .venv and installing healer ..."
   python3 -m venv .venv

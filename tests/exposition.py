@@ -7,9 +7,15 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule
+from healer_dev.prometheus import PrometheusServer
+
+#: The HCA matchers every InfiniBand rule of the default pack carries: every device is compute fabric.
+DEVICE_MATCHERS = 'device=~".+", device!~""'
 
 
 class Pages:
@@ -73,3 +79,30 @@ def target_of(labels: dict[str, str], rule: Rule) -> str | None:
     if "device" in labels and "port" in labels:
         return f"{labels['device']}:{labels['port']}"
     return labels.get(rule.gpu_label)
+
+
+def findings(prom: PrometheusServer, rule: Rule) -> dict[tuple[str | None, str | None], str]:
+    """{(node, GPU or device:port): value} of the rule's expression now."""
+    return {
+        (node_of(s["metric"], rule), target_of(s["metric"], rule)): s["value"][1]
+        for s in prom.query(rule.expr)
+    }
+
+
+def all_findings(
+    prom: PrometheusServer, pack: dict[str, Rule]
+) -> dict[str, dict[tuple[str | None, str | None], str]]:
+    """{rule: findings} of every rule of ``pack`` that returns something now."""
+    return {name: found for name, rule in pack.items() if (found := findings(prom, rule))}
+
+
+def load_pack(exclude: str = "") -> dict[str, Rule]:
+    """The default pack (``rules/``); ``exclude`` set as the HCA exclude pattern, as an operator would."""
+    pack = {r.name: r for r in load_ruleset([Path(__file__).resolve().parents[1] / "rules"]).rules}
+    if exclude:
+        matchers = DEVICE_MATCHERS.replace('device!~""', f'device!~"{exclude}"')
+        pack = {
+            name: rule.model_copy(update={"expr": rule.expr.replace(DEVICE_MATCHERS, matchers)})
+            for name, rule in pack.items()
+        }
+    return pack

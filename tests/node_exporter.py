@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from healer_dev.prometheus import free_port, stop_process, wait_until
-
-#: sysfs `ports/<n>/state` and `phys_state` texts (Linux drivers/infiniband/core/sysfs.c).
-PORT_STATES = {1: "1: DOWN", 2: "2: INIT", 3: "3: ARMED", 4: "4: ACTIVE"}
-PHYS_STATES = {2: "2: Polling", 3: "3: Disabled", 5: "5: LinkUp"}
+from healer_dev.node_exporter import run_node_exporter
+from healer_dev.simulator.sysfs import PHYS_STATES, PORT_STATES
 
 #: The error counters of ``ports/<n>/counters/`` the default rules read, all 0 on a healthy port.
 ERROR_COUNTERS = (
@@ -78,45 +72,13 @@ class NodeExporter:
     sysfs: FakeSysfs
 
 
-def _binary() -> str:
-    found = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if not found:
-        raise RuntimeError(
-            "node_exporter not found (Debian package prometheus-node-exporter; .ci/run installs it)"
-        )
-    return found
-
-
 @contextlib.contextmanager
 def node_exporter() -> Iterator[NodeExporter]:
     """Start node_exporter with only its InfiniBand collector, on an empty fake sysfs; stop it on exit."""
     root = Path(tempfile.mkdtemp(prefix="healer-sysfs-"))
     (root / "class" / "infiniband").mkdir(parents=True)
-    address = f"127.0.0.1:{free_port()}"
-    process = subprocess.Popen(
-        [
-            _binary(),
-            f"--path.sysfs={root}",
-            "--collector.disable-defaults",
-            "--collector.infiniband",
-            f"--web.listen-address={address}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
     try:
-
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    process.stderr.read().decode() if process.stderr else "node_exporter exited"
-                )
-            return httpx.get(f"http://{address}/metrics", timeout=2).status_code == 200
-
-        wait_until(ready, timeout=15, what="node_exporter ready")
-        yield NodeExporter(address=address, sysfs=FakeSysfs(root))
+        with run_node_exporter(root) as address:
+            yield NodeExporter(address=address, sysfs=FakeSysfs(root))
     finally:
-        stop_process(process)
-        if process.stderr:
-            process.stderr.close()
         shutil.rmtree(root, ignore_errors=True)

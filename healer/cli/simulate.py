@@ -24,6 +24,14 @@ class LabelStyle(StrEnum):
     EXPORTED = "exported"
 
 
+class ExporterVersion(StrEnum):
+    """dcgm-exporter output shapes (``healer_dev.simulator.fleet.EXPORTER_VERSIONS``)."""
+
+    REFERENCE = "reference"
+    V3 = "3.x"
+    V4 = "4.x"
+
+
 def simulate(
     nodes: Annotated[int, typer.Option(min=1, max=100_000, help="Nodes (8 GPUs, 8 HCAs each).")] = 64,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port of the HTTP server (0 = any).")] = 9400,
@@ -50,6 +58,18 @@ def simulate(
     ] = None,
     speed: Annotated[float, typer.Option(min=0.001, help="Scenario time runs this many times faster.")] = 1.0,
     idle_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of idle nodes.")] = 0.05,
+    exporter_version: Annotated[
+        ExporterVersion,
+        typer.Option(
+            "--exporter-version",
+            help="dcgm-exporter output shape: 3.x (CLOCK_THROTTLE_REASONS, a zero Xid series per GPU), "
+            "4.x (CLOCKS_EVENT_REASONS, labels sorted, no Xid series until the first Xid), or reference "
+            "(tests/fixtures/dcgm-exporter.prom).",
+        ),
+    ] = ExporterVersion.REFERENCE,
+    management_hcas: Annotated[
+        int, typer.Option(min=0, max=4, help="Management HCAs per node after the 8 compute ones (mlx5_8...).")
+    ] = 0,
 ) -> None:
     """Serve dcgm-exporter and node_exporter scrapes for a simulated fleet, with scripted faults."""
     sim = dev_tooling("simulator", command="simulate")
@@ -57,7 +77,12 @@ def simulate(
         loaded = sim.load_scenario(scenario) if scenario else sim.Scenario()
         fleet = sim.Fleet(
             sim.FleetConfig(
-                nodes=nodes, seed=seed, label_style=sim.LabelStyle(label_style), idle_fraction=idle_fraction
+                nodes=nodes,
+                seed=seed,
+                label_style=sim.LabelStyle(label_style),
+                idle_fraction=idle_fraction,
+                exporter_version=str(exporter_version),
+                management_hcas=management_hcas,
             ),
             loaded,
         )
@@ -74,7 +99,8 @@ def simulate(
         server.write_file_sd(file_sd)
     first = fleet.node_names[0]
     typer.echo(
-        f"simulating {nodes} nodes ({label_style} labels, seed {seed}, "
+        f"simulating {nodes} nodes ({label_style} labels, dcgm-exporter {exporter_version} shape, "
+        f"seed {seed}, "
         f"{len(loaded.faults)} faults{f' from {scenario}' if scenario else ''})\n"
         f"  {server.url}/nodes/{first}/dcgm/metrics\n"
         f"  {server.url}/nodes/{first}/node/metrics\n"

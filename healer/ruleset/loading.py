@@ -557,11 +557,16 @@ def _allowed_keys(model: type[BaseModel]) -> list[str]:
 
 def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProblem:
     loc: tuple[int | str, ...] = tuple(err["loc"])
+    at_field = (err.get("ctx") or {}).get("at_field")
+    if at_field and loc:
+        loc = (*loc[:-1], str(at_field))  # a check of one key whose fix is in another
     field_path, line, col = _locate(tree, loc)
     kind = err["type"]
     msg = str(err["msg"])
     value = err.get("input")
-    if kind in ("value_error", "assertion_error"):
+    if at_field:
+        message = msg
+    elif kind in ("value_error", "assertion_error"):
         message = msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     elif kind == "extra_forbidden":
         key = str(loc[-1])
@@ -803,7 +808,24 @@ def _check_promql(
     return True
 
 
+#: Prometheus's parser names tokens as ``<op:>>``, ``<aggr:sum>``, ``<by>`` (``Item.String`` in
+#: promql/parser/lex.go); :func:`readable_promql_error` spells them out.
+_PROMQL_TOKEN = re.compile(r"<(?:(?P<kind>op|aggr):)?(?P<val>[^\s<>]+?|[<>=!~]+?)>(?=$|[\s,;:)])")
+
+
+def readable_promql_error(message: str) -> str:
+    """A Prometheus parse error with its token notation spelled out: ``unexpected <op:>>`` →
+    ``unexpected operator '>'``, ``<aggr:sum>`` → ``aggregation 'sum'``, ``<by>`` → ``keyword 'by'``."""
+
+    def spell(match: re.Match[str]) -> str:
+        what = {"op": "operator", "aggr": "aggregation"}.get(match["kind"] or "", "keyword")
+        return f"{what} '{match['val']}'"
+
+    return _PROMQL_TOKEN.sub(spell, message)
+
+
 def _promtool_problem(ref: _ExprRef, message: str) -> RuleProblem:
+    message = readable_promql_error(message)
     rule, path = ref.rule, ref.parsed.path
     template = _TEMPLATE_FIELD.match(message)
     if template:

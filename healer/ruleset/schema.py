@@ -43,6 +43,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from healer.model.drain import DrainOptions
 from healer.ruleset.durations import parse_duration
@@ -287,10 +288,13 @@ class Rule(_Strict):
             raise ValueError("a no_data rule may only notify: missing data is not a hardware fault")
         name = info.data.get("name")
         if {"quarantine", "taint"} & set(kinds) and name and not _K8S_LABEL_VALUE.match(name):
-            raise ValueError(
-                f"rule name {name!r} becomes the taint's value, which Kubernetes validates as a label "
+            # The name is what to change: `at_field` makes the loader point at the `name:` line.
+            raise PydanticCustomError(
+                "rule_name_not_taint_value",
+                "rule name {name} becomes the taint's value, which Kubernetes validates as a label "
                 "value: at most 63 characters, letters, digits, '-', '_' and '.', starting and ending "
-                "with a letter or digit (the API server would refuse the taint)"
+                "with a letter or digit (the API server would refuse the taint)",
+                {"name": repr(name), "at_field": "name"},
             )
         return actions
 

@@ -7,6 +7,12 @@ Build a :class:`Fleet` from a :class:`FleetConfig` and a :class:`Scenario` (YAML
     with SimulatorServer(fleet, clock=ElapsedClock(), port=9400) as server:
         server.write_file_sd("targets.json")
 
+The dcgm-exporter side comes in the 3.x or 4.x output shape (``FleetConfig.exporter_version``:
+field 112's name, label order, Xid series absent until the first Xid on 4.x), with GPU sharing (a
+series per pod) and MIG (a series per GPU instance) as scenario faults. The InfiniBand side is served
+by the simulator itself or, closer to reality, written as a sysfs tree per node that the real
+node_exporter reads (:mod:`healer_dev.simulator.sysfs`).
+
 The CLI is ``healer simulate`` (:mod:`healer.cli.simulate`).
 """
 

@@ -43,6 +43,13 @@ MEM_CLOCK_MHZ = 2619
 HCA_BOARD_ID = "MT_0000000970"
 HCA_FIRMWARE = "28.42.1000"
 HCA_TYPE = "MT4129"
+#: ``hca_type`` of a management HCA (ConnectX-6 Dx, Ethernet/RoCE) and its ``rate`` text in sysfs.
+MGMT_HCA_TYPE = "MT4125"
+MGMT_RATE_TEXT = "100 Gb/sec (4X EDR)"
+#: That rate as node_exporter reports it, bytes per second.
+MGMT_RATE_BYTES_PER_SECOND = 12_500_000_000
+#: ``ports/<n>/rate`` text of a compute HCA (node_exporter turns it into 50e9 bytes per second).
+IB_RATE_TEXT = "400 Gb/sec (4X NDR)"
 #: NDR 400 Gb/s port rate as node_exporter reports it, bytes per second.
 IB_RATE_BYTES_PER_SECOND = 50_000_000_000
 
@@ -58,6 +65,7 @@ CLOCK_EVENT_HW_THERMAL = 0x40
 IB_STATE_DOWN = 1
 IB_STATE_ACTIVE = 4
 IB_PHYS_POLLING = 2
+IB_PHYS_DISABLED = 3
 IB_PHYS_LINK_UP = 5
 
 # --- Xid texts (err_msg label of DCGM_FI_DEV_XID_ERRORS) ---------------------------------------
@@ -107,6 +115,12 @@ class Family:
 
 XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
 
+#: Field 112 under its 4.x name (the only one exporters 4.4.2+ accept) and its 3.x name (the only one
+#: 3.x exporters know), with the 3.x help text (NVIDIA/dcgm-exporter 3.x default-counters.csv).
+CLOCK_EVENTS_FAMILY = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+CLOCK_THROTTLE_FAMILY_3X = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+CLOCK_THROTTLE_HELP_3X = "Current clock throttle reasons."
+
 #: dcgm-exporter families in output order: the order of the reference scrape
 #: (``fixtures/dcgm-exporter.prom``), with the fields it lacks inserted where the CSV lists them.
 DCGM_FAMILIES: tuple[Family, ...] = (
@@ -152,10 +166,20 @@ DCGM_FAMILIES: tuple[Family, ...] = (
         "counter",
         "d",
     ),
+    Family(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "counter", "d"
+    ),
     Family("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "gauge", "d"),
+    Family("DCGM_FI_DEV_ROW_REMAP_PENDING", "Whether remapping of rows is pending", "gauge", "d"),
     Family(
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         "Number of remapped rows for uncorrectable errors",
+        "counter",
+        "d",
+    ),
+    Family(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for correctable errors",
         "counter",
         "d",
     ),

@@ -36,11 +36,15 @@ from typing import Any, Literal
 
 from healer_dev.simulator import catalog as c
 from healer_dev.simulator.exposition import escape_label_value, family_header, go_float, label_pairs
-from healer_dev.simulator.model import NodeModel, noise_table
+from healer_dev.simulator.model import GpuSample, NodeModel, noise_table
 from healer_dev.simulator.scenario import Fault, Scenario, ScenarioError
 
 ExporterName = Literal["dcgm", "node"]
 EXPORTERS: tuple[ExporterName, ...] = ("dcgm", "node")
+ExporterVersion = Literal["reference", "3.x", "4.x"]
+EXPORTER_VERSIONS: tuple[str, ...] = ("reference", "3.x", "4.x")
+
+_IB_RATE = "node_infiniband_rate_bytes_per_second"
 
 #: Alphabet of Kubernetes' random name suffixes (no vowels, no look-alikes).
 _K8S_SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
@@ -60,8 +64,23 @@ class FleetConfig:
     """Shape of the simulated fleet.
 
     ``nodes`` nodes named ``<node_prefix><index:02d>`` (``gpu-node-00`` ...), each with ``gpus`` GPUs
-    (1..8, an HGX board) and ``hcas`` InfiniBand HCAs (``mlx5_0``...). ``idle_fraction`` of the nodes
-    (drawn from ``seed``) run no workload. ``seed`` fixes identities, baselines and noise.
+    (1..8, an HGX board) and ``hcas`` InfiniBand HCAs (``mlx5_0``...), then ``management_hcas``
+    management HCAs (``mlx5_<hcas>``..., ConnectX-6 Dx, not compute fabric: a rule pack excludes them
+    by name). ``idle_fraction`` of the nodes (drawn from ``seed``) run no workload. ``seed`` fixes
+    identities, baselines and noise.
+
+    ``exporter_version`` is the dcgm-exporter line whose output shape is served:
+
+    * ``3.x``: field 112 named ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``; labels in the 3.x output
+      template's order (``gpu, UUID, pci_bus_id, device, modelName[, GPU_I_PROFILE, GPU_I_ID],
+      Hostname, DCGM_FI_DRIVER_VERSION, ...``); a ``DCGM_FI_DEV_XID_ERRORS`` series on every GPU from
+      the start (``err_code="0"``, value 0).
+    * ``4.x``: ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``; every series' labels sorted by name; no Xid series
+      until the GPU's first Xid (4.4.1+).
+    * ``reference`` (default): the sample scrape ``tests/fixtures/dcgm-exporter.prom``: 4.x field names
+      with the 3.x label order and zero Xid series.
+
+    (NVIDIA/dcgm-exporter: its counters CSVs and output template; ``reference/exporters-real.md``.)
 
     Raises (on construction):
         ValueError: a count out of range.
@@ -74,6 +93,8 @@ class FleetConfig:
     label_style: LabelStyle = LabelStyle.HOSTNAME
     idle_fraction: float = 0.05
     node_prefix: str = "gpu-node-"
+    exporter_version: ExporterVersion = "reference"
+    management_hcas: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 100_000:
@@ -82,6 +103,13 @@ class FleetConfig:
             raise ValueError(f"gpus must be 1..{len(c.PCI_BUS_IDS)}, got {self.gpus}")
         if not 0 <= self.hcas <= 32:
             raise ValueError(f"hcas must be 0..32, got {self.hcas}")
+        if not 0 <= self.management_hcas <= 4:
+            raise ValueError(f"management_hcas must be 0..4, got {self.management_hcas}")
+        if self.exporter_version not in EXPORTER_VERSIONS:
+            raise ValueError(
+                f"exporter_version must be one of {', '.join(EXPORTER_VERSIONS)}, "
+                f"got {self.exporter_version!r}"
+            )
         if not 0.0 <= self.idle_fraction <= 1.0:
             raise ValueError(f"idle_fraction must be 0..1, got {self.idle_fraction}")
         object.__setattr__(self, "label_style", LabelStyle(self.label_style))
@@ -129,8 +157,21 @@ class _Node:
     dcgm_pod: str
     node_exporter_pod: str
     uuids: tuple[str, ...]
-    templates: dict[tuple[int, ...], str]
-    labels: dict[int, tuple[str, str]]
+    templates: dict[Any, str]
+    labels: dict[tuple[int, _View], list[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class _View:
+    """One series of a GPU: a MIG instance (``instance`` > 0) and/or a pod (``pod`` index, -1 none)."""
+
+    instance: int = 0
+    profile: str = ""
+    pod: int = 0
+
+
+#: Stand-in for a label value filled per scrape (``err_code``/``err_msg`` of the Xid gauge).
+_SLOT = "\x00slot"
 
 
 class Fleet:
@@ -164,7 +205,7 @@ class Fleet:
                 seed=cfg.seed,
                 index=i,
                 gpus=cfg.gpus,
-                hcas=cfg.hcas,
+                hcas=cfg.hcas + cfg.management_hcas,
                 idle=i in idle,
                 table=table,
                 faults=per_node.get(i, ()),
@@ -182,7 +223,7 @@ class Fleet:
                     labels={},
                 )
             )
-        self._ib_template = self._build_ib_template()
+        self._ib_templates: dict[tuple[int, ...], str] = {}
 
     def repair(self, node: str, t: float) -> int:
         """The provider replaced the faulty part of ``node`` at ``t`` seconds: every fault of that
@@ -229,8 +270,9 @@ class Fleet:
                 problems.append(f"{where}: faults[{i}].gpu: {gpu} but nodes have GPUs 0..{cfg.gpus - 1}")
                 continue
             hca = getattr(fault, "hca", None)
-            if hca is not None and int(hca[5:]) >= cfg.hcas:
-                problems.append(f"{where}: faults[{i}].hca: {hca} but nodes have mlx5_0..mlx5_{cfg.hcas - 1}")
+            all_hcas = cfg.hcas + cfg.management_hcas
+            if hca is not None and int(hca[5:]) >= all_hcas:
+                problems.append(f"{where}: faults[{i}].hca: {hca} but nodes have mlx5_0..mlx5_{all_hcas - 1}")
                 continue
             per_node.setdefault(index, []).append(fault)
         if problems:
@@ -295,87 +337,166 @@ class Fleet:
         """dcgm-exporter's exposition text for ``node`` at ``t`` (ignores exporter faults)."""
         n = self._node(node)
         sample = n.model.gpu_values(t)
-        present = sample.present
-        template = n.templates.get(present)
+        layout = tuple((g, self._views(n, g, sample)) for g in sample.present)
+        with_xid = tuple(g for g in sample.present if sample.xid[g] or self._zero_xid_series)
+        key = (layout, with_xid)
+        template = n.templates.get(key)
         if template is None:
-            template = n.templates[present] = self._build_dcgm_template(n, present)
+            template = n.templates[key] = self._build_dcgm_template(n, layout, with_xid)
         values = sample.values
         args: list[object] = []
-        full = len(present) == self.config.gpus
+        simple = all(len(views) == 1 for _, views in layout)
+        full = simple and len(layout) == self.config.gpus
         for fam in c.DCGM_FAMILIES:
             if fam.name == c.XID_FAMILY:
-                for g in present:
-                    code = sample.xid[g]
-                    args += (code, escape_label_value(c.xid_message(code)), code)
+                for g, views in layout:
+                    if g in with_xid:
+                        code = sample.xid[g]
+                        args += (code, escape_label_value(c.xid_message(code)), code) * len(views)
             elif full:
                 args += values[fam.name]
             else:
                 vals = values[fam.name]
-                args += [vals[g] for g in present]
+                for g, views in layout:
+                    args += [vals[g]] * len(views)
         text = template.format(*args)
         # Series of the windowed Xid counter come and go with the events, so they are not templated.
         fam = c.XID_COUNT_FAMILY
         lines = [_XID_COUNT_HEADER]
+        views_of = dict(layout)
         for (g, code), count in sorted(sample.xid_counts.items()):
-            if g in present:
-                head, tail = self._gpu_labels(n, g)
-                window = f'window_size_in_ms="{c.XID_COUNT_WINDOW_MS}",xid="{code}"'
-                lines.append(f"{fam.name}{{{head},{window}{tail}}} {count}\n")
+            for view in views_of.get(g, ()):
+                extra = [("window_size_in_ms", str(c.XID_COUNT_WINDOW_MS)), ("xid", str(code))]
+                pairs = label_pairs(self._with_extra(self._labels(n, g, view), extra))
+                lines.append(f"{fam.name}{{{pairs}}} {count}\n")
         return text + "".join(lines)
 
     def render_node(self, node: str, t: float) -> str:
         """node_exporter's InfiniBand exposition text for ``node`` at ``t`` (ignores exporter faults)."""
-        values = self._node(node).model.ib_values(t)
+        model = self._node(node).model
+        values = model.ib_values(t)
+        present = model.ib_present(t)
+        template = self._ib_templates.get(present)
+        if template is None:
+            template = self._ib_templates[present] = self._build_ib_template(present)
         args: list[str] = []
         for fam in c.IB_FAMILIES:
-            args += [go_float(v) for v in values[fam.name]]
-        return self._ib_template.format(*args)
+            vals = values[fam.name]
+            if fam.name == _IB_RATE:
+                vals = [
+                    c.MGMT_RATE_BYTES_PER_SECOND if self.is_management_hca(h) else v
+                    for h, v in enumerate(vals)
+                ]
+            args += [go_float(vals[h]) for h in present]
+        return template.format(*args)
+
+    def hca_name(self, h: int) -> str:
+        """Device name of HCA ``h`` (``mlx5_<h>``)."""
+        return f"mlx5_{h}"
+
+    def is_management_hca(self, h: int) -> bool:
+        """True for the management HCAs that follow the compute ones."""
+        return h >= self.config.hcas
 
     # --- templates ------------------------------------------------------------------------------
 
-    def _gpu_labels(self, n: _Node, g: int) -> tuple[str, str]:
-        """(head, tail) label pairs of GPU ``g``: the XID family puts err_code/err_msg in between."""
-        cached = n.labels.get(g)
+    @property
+    def _zero_xid_series(self) -> bool:
+        # 4.4.1+ emits no Xid series until a GPU's first Xid; older ones show err_code="0".
+        return self.config.exporter_version != "4.x"
+
+    def _views(self, n: _Node, g: int, sample: GpuSample) -> tuple[_View, ...]:
+        """The series GPU ``g`` has: one per MIG instance times one per sharing pod."""
+        instances = sample.mig.get(g)
+        pods = sample.pods.get(g, 1 if n.pod is not None else 0)
+        pod_indices = range(pods) if pods else (-1,)
+        if instances is None:
+            return tuple(_View(pod=p) for p in pod_indices)
+        count, profile = instances
+        return tuple(
+            _View(instance=i, profile=profile, pod=p) for i in range(1, count + 1) for p in pod_indices
+        )
+
+    def _labels(self, n: _Node, g: int, view: _View) -> list[tuple[str, str]]:
+        """Label pairs of one series of GPU ``g``, in the 3.x output template's order."""
+        cached = n.labels.get((g, view))
         if cached is None:
-            cached = n.labels[g] = self._make_gpu_labels(n, g)
+            cached = n.labels[(g, view)] = self._make_labels(n, g, view)
         return cached
 
-    def _make_gpu_labels(self, n: _Node, g: int) -> tuple[str, str]:
+    def _make_labels(self, n: _Node, g: int, view: _View) -> list[tuple[str, str]]:
         style = self.config.label_style
         host_key = "hostname" if style is LabelStyle.HOSTNAME_LOWER else "Hostname"
         host_value = n.dcgm_pod if style is LabelStyle.NODE else n.name
-        head = label_pairs(
-            [
-                ("gpu", str(g)),
-                ("UUID", n.uuids[g]),
-                ("pci_bus_id", c.PCI_BUS_IDS[g]),
-                ("device", f"nvidia{g}"),
-                ("modelName", c.GPU_MODEL),
-                (host_key, host_value),
-                ("DCGM_FI_DRIVER_VERSION", c.DRIVER_VERSION),
-            ]
-        )
-        tail = ""
-        if n.pod is not None:
-            tail = "," + label_pairs([("container", "trainer"), ("namespace", "ml"), ("pod", n.pod)])
-        return head, tail
+        pairs = [
+            ("gpu", str(g)),
+            ("UUID", n.uuids[g]),
+            ("pci_bus_id", c.PCI_BUS_IDS[g]),
+            ("device", f"nvidia{g}"),
+            ("modelName", c.GPU_MODEL),
+        ]
+        if view.instance:
+            pairs += [("GPU_I_PROFILE", view.profile), ("GPU_I_ID", str(view.instance))]
+        pairs += [(host_key, host_value), ("DCGM_FI_DRIVER_VERSION", c.DRIVER_VERSION)]
+        if view.pod == 0 and n.pod is not None:
+            pairs += [("container", "trainer"), ("namespace", "ml"), ("pod", n.pod)]
+        elif view.pod >= 0:
+            pod = f"inference-{n.index}-{g}-{view.pod}"
+            pairs += [("container", "server"), ("namespace", "serving"), ("pod", pod)]
+        return pairs
 
-    def _build_dcgm_template(self, n: _Node, present: tuple[int, ...]) -> str:
-        labels = {g: tuple(_brace_escape(p) for p in self._gpu_labels(n, g)) for g in present}
+    def _with_extra(
+        self, pairs: list[tuple[str, str]], extra: list[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        """``pairs`` with ``extra`` labels: after the driver version (3.x), or all sorted (4.x)."""
+        if self.config.exporter_version == "4.x":
+            return sorted([*pairs, *extra])
+        at = next(i for i, (k, _) in enumerate(pairs) if k == "DCGM_FI_DRIVER_VERSION") + 1
+        return [*pairs[:at], *extra, *pairs[at:]]
+
+    def _family(self, fam: c.Family) -> tuple[str, str]:
+        """(name, help) of ``fam`` as this exporter line names it."""
+        if fam.name == c.CLOCK_EVENTS_FAMILY and self.config.exporter_version == "3.x":
+            return c.CLOCK_THROTTLE_FAMILY_3X, c.CLOCK_THROTTLE_HELP_3X
+        return fam.name, fam.help
+
+    @staticmethod
+    def _template_labels(pairs: list[tuple[str, str]]) -> str:
+        return ",".join(
+            f'{k}="{{}}"' if v == _SLOT else _brace_escape(label_pairs([(k, v)])) for k, v in pairs
+        )
+
+    def _build_dcgm_template(
+        self, n: _Node, layout: tuple[tuple[int, tuple[_View, ...]], ...], with_xid: tuple[int, ...]
+    ) -> str:
+        plain: dict[tuple[int, _View], str] = {}
+        xid: dict[tuple[int, _View], str] = {}
+        for g, views in layout:
+            for view in views:
+                pairs = self._labels(n, g, view)
+                if self.config.exporter_version == "4.x":
+                    plain[(g, view)] = self._template_labels(sorted(pairs))
+                else:
+                    plain[(g, view)] = self._template_labels(pairs)
+                if g in with_xid:
+                    extra = [("err_code", _SLOT), ("err_msg", _SLOT)]
+                    xid[(g, view)] = self._template_labels(self._with_extra(pairs, extra))
         parts: list[str] = []
         for fam in c.DCGM_FAMILIES:
-            parts.append(_brace_escape(family_header(fam.name, fam.help, fam.type)))
+            name, help_text = self._family(fam)
+            parts.append(_brace_escape(family_header(name, help_text, fam.type)))
             spec = "{:" + fam.fmt + "}"
-            for g in present:
-                head, tail = labels[g]
-                if fam.name == c.XID_FAMILY:
-                    parts.append(f'{fam.name}{{{{{head},err_code="{{}}",err_msg="{{}}"{tail}}}}} {{:d}}\n')
-                else:
-                    parts.append(f"{fam.name}{{{{{head}{tail}}}}} {spec}\n")
+            for g, views in layout:
+                for view in views:
+                    if fam.name == c.XID_FAMILY:
+                        if g in with_xid:
+                            parts.append(f"{name}{{{{{xid[(g, view)]}}}}} {{:d}}\n")
+                    else:
+                        parts.append(f"{name}{{{{{plain[(g, view)]}}}}} {spec}\n")
         return "".join(parts)
 
-    def _build_ib_template(self) -> str:
-        hcas = [f"mlx5_{h}" for h in range(self.config.hcas)]
+    def _build_ib_template(self, present: tuple[int, ...]) -> str:
+        hcas = [self.hca_name(h) for h in present]
         blocks: list[tuple[str, str]] = []
         for fam in c.IB_FAMILIES:
             lines = "".join(
@@ -389,13 +510,13 @@ class Fleet:
                 label_pairs(
                     [
                         ("board_id", c.HCA_BOARD_ID),
-                        ("device", d),
+                        ("device", self.hca_name(h)),
                         ("firmware_version", c.HCA_FIRMWARE),
-                        ("hca_type", c.HCA_TYPE),
+                        ("hca_type", c.MGMT_HCA_TYPE if self.is_management_hca(h) else c.HCA_TYPE),
                     ]
                 ),
             )
-            for d in hcas
+            for h in present
         )
         info = family_header(c.INFO_FAMILY, c.INFO_HELP, "gauge") + info_lines
         blocks.append((c.INFO_FAMILY, _brace_escape(info)))
@@ -439,21 +560,34 @@ class Fleet:
         """URL path of ``node``'s ``exporter`` on the simulator server."""
         return f"/nodes/{node}/{exporter}/metrics"
 
-    def targets(self, address: str, nodes: list[str] | None = None) -> list[dict[str, Any]]:
+    def targets(
+        self,
+        address: str,
+        nodes: list[str] | None = None,
+        *,
+        node_exporters: dict[str, str] | None = None,
+    ) -> list[dict[str, Any]]:
         """Prometheus ``http_sd_config`` / ``file_sd_config`` target groups, one per node and exporter.
 
         ``address`` is the simulator's ``host:port``; each group sets ``__metrics_path__`` and the
-        :meth:`target_labels`. Shape: ``[{"targets": ["host:port"], "labels": {...}}, ...]``.
+        :meth:`target_labels`. ``node_exporters`` (``{node: host:port}``, e.g. real node_exporters on
+        the simulator's sysfs trees) replaces the simulated node_exporter endpoint of those nodes.
+        Shape: ``[{"targets": ["host:port"], "labels": {...}}, ...]``.
         """
         groups = []
         for name in nodes if nodes is not None else self.node_names:
             for exporter in EXPORTERS:
-                labels = {"__metrics_path__": self.metrics_path(name, exporter)}
+                where, path = address, self.metrics_path(name, exporter)
+                if exporter == "node" and node_exporters and name in node_exporters:
+                    where, path = node_exporters[name], "/metrics"
+                labels = {"__metrics_path__": path}
                 labels.update(self.target_labels(name, exporter))
-                groups.append({"targets": [address], "labels": labels})
+                groups.append({"targets": [where], "labels": labels})
         return groups
 
-    def write_file_sd(self, path: Path | str, *, address: str) -> Path:
+    def write_file_sd(
+        self, path: Path | str, *, address: str, node_exporters: dict[str, str] | None = None
+    ) -> Path:
         """Write :meth:`targets` as a ``file_sd_configs`` JSON file, atomically (Prometheus watches it).
 
         Returns the path written. Raises OSError when the directory is not writable.
@@ -462,6 +596,6 @@ class Fleet:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".sd-", suffix=".json", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(self.targets(address), fh, indent=1)
+            json.dump(self.targets(address, node_exporters=node_exporters), fh, indent=1)
         os.replace(tmp, target)
         return target

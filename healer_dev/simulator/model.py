@@ -27,15 +27,23 @@ from dataclasses import dataclass, field
 
 from healer_dev.simulator import catalog as c
 from healer_dev.simulator.scenario import (
+    IB_COUNTER_BITS,
+    EccDbe,
     ExporterDown,
     ExporterRestart,
     Fault,
     GpuMissing,
+    GpuSharing,
     HotGpu,
+    IbHcaMissing,
     IbLinkFlap,
+    IbPortDown,
+    IbPortErrors,
     IbSymbolErrors,
+    Mig,
     NvlinkErrors,
     RowRemapFailure,
+    RowRemapPending,
     SilentThrottle,
     ThermalSlowdown,
     Xid,
@@ -66,6 +74,9 @@ _REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
 _RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
 _REMAP_FAIL = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 _UNCORR = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+_REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
+_CORR = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
+_DBE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
 
 _IB = "node_infiniband_"
 _IB_STATE = _IB + "state_id"
@@ -80,6 +91,18 @@ _IB_RX = _IB + "port_data_received_bytes_total"
 _IB_TX = _IB + "port_data_transmitted_bytes_total"
 _IB_RX_PKT = _IB + "port_packets_received_total"
 _IB_TX_PKT = _IB + "port_packets_transmitted_total"
+_IB_INTEGRITY = _IB + "local_link_integrity_errors_total"
+_IB_OVERRUN = _IB + "excessive_buffer_overrun_errors_total"
+
+#: node_exporter family of each sysfs error counter (``collector/infiniband_linux.go``).
+IB_COUNTER_FAMILIES: dict[str, str] = {
+    "symbol_error": _IB_SYMBOL,
+    "port_rcv_errors": _IB_RCV_ERR,
+    "link_downed": _IB_DOWNED,
+    "link_error_recovery": _IB_RECOVERY,
+    "local_link_integrity_errors": _IB_INTEGRITY,
+    "excessive_buffer_overrun_errors": _IB_OVERRUN,
+}
 
 
 def noise_table(seed: int) -> tuple[float, ...]:
@@ -108,12 +131,16 @@ class GpuSample:
     value per GPU index (ints for ``%d`` fields, floats for ``%f`` fields; absent GPUs included);
     ``xid[g]`` is the Xid the sticky gauge shows (0 = "No Error"); ``xid_counts`` maps (GPU, Xid) to the
     number of those Xids in the exporter's trailing window (``DCGM_EXP_XID_ERRORS_COUNT``).
+    ``pods[g]`` is how many pods share GPU ``g`` (only GPUs under a ``gpu_sharing`` fault);
+    ``mig[g]`` is (instances, profile) of a GPU in MIG mode.
     """
 
     present: tuple[int, ...]
     values: dict[str, list[int] | list[float]]
     xid: list[int]
     xid_counts: dict[tuple[int, int], int] = field(default_factory=dict)
+    pods: dict[int, int] = field(default_factory=dict)
+    mig: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -214,6 +241,8 @@ class NodeModel:
         counts: dict[tuple[int, int], int] = {}
         window = c.XID_COUNT_WINDOW_MS / 1000
         missing: set[int] = set()
+        pods: dict[int, int] = {}
+        mig: dict[int, tuple[int, str]] = {}
         for f in self.faults:
             # a restarted exporter has seen no Xid yet
             if (
@@ -228,8 +257,12 @@ class NodeModel:
                     counts[(f.gpu, f.code)] = counts.get((f.gpu, f.code), 0) + 1
             elif isinstance(f, GpuMissing) and _active(f, t):
                 missing.add(f.gpu)
+            elif isinstance(f, GpuSharing) and f.at <= t and f.gpu < self.gpus:
+                pods[f.gpu] = f.pods if _active(f, t) else 1
+            elif isinstance(f, Mig) and f.at <= t and f.gpu < self.gpus:
+                mig[f.gpu] = (f.instances, f.profile)
         present = tuple(g for g in range(self.gpus) if g not in missing)
-        return GpuSample(present=present, values=gauges, xid=xid, xid_counts=counts)
+        return GpuSample(present=present, values=gauges, xid=xid, xid_counts=counts, pods=pods, mig=mig)
 
     def _gauges(self, t: float) -> dict[str, list[int] | list[float]]:
         n = self.gpus
@@ -265,6 +298,7 @@ class NodeModel:
             util = [100] * n
             reasons = [0] * n
         remap = [0] * n
+        pending = [0] * n
         for f in self.faults:
             if f.at > t or getattr(f, "gpu", n) >= n:
                 continue
@@ -288,6 +322,8 @@ class NodeModel:
                 tensor[g] = max(0.0, tensor[g] + (low - tensor[g]) * frac)
             elif isinstance(f, RowRemapFailure) and _active(f, t):
                 remap[f.gpu] = 1
+            elif isinstance(f, RowRemapPending) and _active(f, t):
+                pending[f.gpu] = 1
         fb_total = c.FB_TOTAL_MIB - c.FB_RESERVED_MIB
         return {
             _SM: sm,
@@ -302,12 +338,13 @@ class NodeModel:
             _TENSOR: tensor,
             _REASONS: reasons,
             _REMAP_FAIL: remap,
+            _REMAP_PENDING: pending,
         }
 
     def _gpu_counters(self, t: float) -> dict[str, list[int]]:
         """Counters before any exporter restart is applied (monotonic in ``t``)."""
         n = self.gpus
-        counters = {name: [0] * n for name in (_PCIE, _FLIT, _DATA, _REPLAY, _RECOVERY, _UNCORR)}
+        counters = {name: [0] * n for name in (_PCIE, _FLIT, _DATA, _REPLAY, _RECOVERY, _UNCORR, _CORR, _DBE)}
         counters[_ENERGY] = [self.energy0[g] + int(self.power_base[g] * t * 1000) for g in range(n)]
         for f in self.faults:
             if f.at > t or getattr(f, "gpu", n) >= n:
@@ -321,12 +358,22 @@ class NodeModel:
                 counters[_RECOVERY][g] += int(f.recovery * frac)
             elif isinstance(f, RowRemapFailure):
                 counters[_UNCORR][f.gpu] += f.uncorrectable_rows
+            elif isinstance(f, RowRemapPending):
+                counters[_CORR][f.gpu] += f.correctable_rows
+            elif isinstance(f, EccDbe):
+                counters[_DBE][f.gpu] += int(f.count * _ramp(t - f.at, f.duration))
         return counters
 
     # --- node_exporter InfiniBand -------------------------------------------------------------
 
+    def ib_present(self, t: float) -> tuple[int, ...]:
+        """The HCAs listed at ``t`` (an ``ib_hca_missing`` fault removes one)."""
+        gone = {int(f.hca[5:]) for f in self.faults if isinstance(f, IbHcaMissing) and _active(f, t)}
+        return tuple(h for h in range(self.hcas) if h not in gone)
+
     def ib_values(self, t: float) -> dict[str, list[int] | list[float]]:
-        """node_exporter's InfiniBand values at ``t``: metric name → one value per HCA (``mlx5_<i>``)."""
+        """node_exporter's InfiniBand values at ``t``: metric name → one value per HCA (``mlx5_<i>``),
+        listed or not (see :meth:`ib_present`). Error counters stop at their sysfs width."""
         values: dict[str, list[int] | list[float]] = {}
         counters = self._ib_counters(t)
         restart = self._last_restart("node", t)
@@ -344,6 +391,8 @@ class NodeModel:
                 started = min(f.flaps, int((t - f.at) // f.interval) + 1)
                 if t - (f.at + (started - 1) * f.interval) < f.down_for:
                     state[h], phys[h] = c.IB_STATE_DOWN, c.IB_PHYS_POLLING
+            elif isinstance(f, IbPortDown) and _active(f, t) and int(f.hca[5:]) < self.hcas:
+                state[int(f.hca[5:])], phys[int(f.hca[5:])] = c.IB_STATE_DOWN, c.IB_PHYS_DISABLED
         values[_IB_STATE] = state
         values[_IB_PHYS] = phys
         values[_IB_RATE] = [c.IB_RATE_BYTES_PER_SECOND] * self.hcas
@@ -363,12 +412,14 @@ class NodeModel:
             counters[_IB_TX_PKT][h] = tx // 4096
             counters[_IB_WAIT][h] = self.ib_wait0[h] + int(self.ib_wait_rate[h] * t)
         for f in self.faults:
-            if f.at > t or not isinstance(f, IbLinkFlap | IbSymbolErrors):
+            if f.at > t or not isinstance(f, IbLinkFlap | IbSymbolErrors | IbPortErrors):
                 continue
             h = int(f.hca[5:])
             if h >= n:
                 continue
-            if isinstance(f, IbLinkFlap):
+            if isinstance(f, IbPortErrors):
+                counters[IB_COUNTER_FAMILIES[f.counter]][h] += int(f.count * _ramp(t - f.at, f.duration))
+            elif isinstance(f, IbLinkFlap):
                 started = min(f.flaps, int((t - f.at) // f.interval) + 1)
                 counters[_IB_DOWNED][h] += started
                 counters[_IB_SYMBOL][h] += started * f.symbol_errors
@@ -377,4 +428,9 @@ class NodeModel:
                 counters[_IB_SYMBOL][h] += int(f.count * frac)
                 counters[_IB_RCV_ERR][h] += int(f.port_rcv_errors * frac)
                 counters[_IB_RECOVERY][h] += int(f.link_error_recovery * frac)
+        # sysfs counters saturate at their width instead of wrapping
+        for counter, bits in IB_COUNTER_BITS.items():
+            top = (1 << bits) - 1
+            values = counters[IB_COUNTER_FAMILIES[counter]]
+            counters[IB_COUNTER_FAMILIES[counter]] = [min(v, top) for v in values]
         return counters

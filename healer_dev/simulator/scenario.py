@@ -39,6 +39,24 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 NodeName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
 GpuIndex = Annotated[int, Field(ge=0, le=63, description="GPU index (the `gpu` label).")]
 HcaName = Annotated[str, Field(pattern=r"^mlx5_\d+$", description="HCA device (the IB `device` label).")]
+#: sysfs error counters of ``ports/<n>/counters/`` and their width in bits: the kernel reports a
+#: counter at its maximum once it saturates (Linux InfiniBand port counters, IBA PortCounters).
+IB_COUNTER_BITS: dict[str, int] = {
+    "symbol_error": 16,
+    "port_rcv_errors": 16,
+    "link_downed": 8,
+    "link_error_recovery": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+}
+IbCounter = Literal[
+    "symbol_error",
+    "port_rcv_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+]
 Exporter = Literal["dcgm", "node", "all"]
 
 
@@ -116,6 +134,43 @@ class RowRemapFailure(_GpuFault):
     duration: Seconds | None = Field(None, gt=0)
 
 
+class RowRemapPending(_GpuFault):
+    """``DCGM_FI_DEV_ROW_REMAP_PENDING`` turns 1 for ``duration`` (a remap waits for the next GPU
+    reset) and ``DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS`` grows by ``correctable_rows``."""
+
+    fault: Literal["row_remap_pending"]
+    correctable_rows: int = Field(1, ge=0, description="Rows added to the correctable counter.")
+    duration: Seconds | None = Field(None, gt=0)
+
+
+class EccDbe(_GpuFault):
+    """Double-bit (uncorrectable) ECC errors: ``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`` (field 311) grows by
+    ``count`` over ``duration``."""
+
+    fault: Literal["ecc_dbe"]
+    count: int = Field(2, ge=1, description="Double-bit errors added to the volatile total.")
+    duration: Seconds = Field(1.0, gt=0, description="Seconds over which they come.")
+
+
+class GpuSharing(_GpuFault):
+    """The GPU is shared (time-slicing, MPS, DRA): ``pods`` pods hold it, and dcgm-exporter emits every
+    series of the GPU once per pod (same ``UUID``, its own ``pod``/``namespace``/``container``). After
+    ``duration`` every pod but the first ends and its series go, while the GPU stays."""
+
+    fault: Literal["gpu_sharing"]
+    pods: int = Field(2, ge=2, le=16, description="Pods sharing the GPU.")
+    duration: Seconds | None = Field(None, gt=0, description="Seconds until the extra pods end.")
+
+
+class Mig(_GpuFault):
+    """The GPU runs in MIG mode: one series per GPU instance, labelled ``GPU_I_ID`` (1..``instances``)
+    and ``GPU_I_PROFILE``, all with the GPU's ``UUID``."""
+
+    fault: Literal["mig"]
+    instances: int = Field(2, ge=1, le=7, description="GPU instances.")
+    profile: str = Field("3g.40gb", pattern=r"^\d+g\.\d+gb$", description="MIG profile name.")
+
+
 class NvlinkErrors(_GpuFault):
     """The NVLink error counters grow by the given counts, spread evenly over ``duration`` (the burst)."""
 
@@ -148,6 +203,33 @@ class IbSymbolErrors(_HcaFault):
     port_rcv_errors: int = Field(0, ge=0)
     link_error_recovery: int = Field(0, ge=0)
     duration: Seconds = Field(60.0, gt=0, description="Length of the burst, seconds.")
+
+
+class IbPortErrors(_HcaFault):
+    """The port's sysfs ``counter`` grows by ``count`` over ``duration``, pinned at its maximum once it
+    saturates (:data:`IB_COUNTER_BITS`: ``local_link_integrity_errors`` and
+    ``excessive_buffer_overrun_errors`` stop at 15, ``link_downed`` at 255, ``symbol_error`` at
+    65535), as the kernel reports it."""
+
+    fault: Literal["ib_port_errors"]
+    counter: IbCounter
+    count: int = Field(..., ge=1)
+    duration: Seconds = Field(1.0, gt=0, description="Seconds over which the errors come.")
+
+
+class IbPortDown(_HcaFault):
+    """The port reads state 1 (DOWN) and physical state 3 (Disabled) for ``duration``."""
+
+    fault: Literal["ib_port_down"]
+    duration: Seconds | None = Field(None, gt=0)
+
+
+class IbHcaMissing(_HcaFault):
+    """The HCA disappears (fell off the PCIe bus, driver lost it): node_exporter lists none of its
+    series for ``duration``; in a sysfs tree its directory is gone."""
+
+    fault: Literal["ib_hca_missing"]
+    duration: Seconds | None = Field(None, gt=0)
 
 
 class GpuMissing(_GpuFault):
@@ -183,9 +265,16 @@ Fault = Annotated[
     | SilentThrottle
     | Xid
     | RowRemapFailure
+    | RowRemapPending
+    | EccDbe
+    | GpuSharing
+    | Mig
     | NvlinkErrors
     | IbLinkFlap
     | IbSymbolErrors
+    | IbPortErrors
+    | IbPortDown
+    | IbHcaMissing
     | GpuMissing
     | ExporterDown
     | ExporterRestart,
@@ -199,9 +288,16 @@ FAULT_KINDS: tuple[str, ...] = (
     "silent_throttle",
     "xid",
     "row_remap_failure",
+    "row_remap_pending",
+    "ecc_dbe",
+    "gpu_sharing",
+    "mig",
     "nvlink_errors",
     "ib_link_flap",
     "ib_symbol_errors",
+    "ib_port_errors",
+    "ib_port_down",
+    "ib_hca_missing",
     "gpu_missing",
     "exporter_down",
     "exporter_restart",

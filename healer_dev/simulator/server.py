@@ -49,6 +49,11 @@ class ElapsedClock:
     def __call__(self) -> float:
         return self.offset + (time.monotonic() - self._start) * self.speed
 
+    def restart(self) -> None:
+        """Start counting again from ``offset`` now (e.g. once slow set-up is done, so a scenario's
+        first faults are not over before anything scrapes them)."""
+        self._start = time.monotonic()
+
 
 class ManualClock:
     """A clock that moves only when told to (tests, replays). Thread-safe enough: a float assignment."""
@@ -197,9 +202,10 @@ class SimulatorServer:
         """Base URL, e.g. ``http://127.0.0.1:9400``."""
         return f"http://{self.host}:{self.port}"
 
-    def write_file_sd(self, path: Path | str) -> Path:
-        """Write every target as a ``file_sd_configs`` JSON file pointing at this server."""
-        return self.fleet.write_file_sd(path, address=self.address)
+    def write_file_sd(self, path: Path | str, *, node_exporters: dict[str, str] | None = None) -> Path:
+        """Write every target as a ``file_sd_configs`` JSON file pointing at this server (the
+        InfiniBand side at ``node_exporters`` ``{node: host:port}`` instead, where given)."""
+        return self.fleet.write_file_sd(path, address=self.address, node_exporters=node_exporters)
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until :meth:`stop` (or KeyboardInterrupt)."""

@@ -58,6 +58,8 @@ class TestLists:
         assert hot["rules"] == ["GpuTooHot"]
         assert hot["affected_gpus"] == ["3"]
         assert hot["gpu_count"] == 8
+        # no GPU of gpu-node-11 recorded: unknown, never "0 GPUs"
+        assert body["items"][1]["gpu_count"] is None
         assert hot["ticket"]["status"] == "pending"
         assert body["next_cursor"] is None
 

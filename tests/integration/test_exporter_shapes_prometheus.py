@@ -26,10 +26,7 @@ from typing import Any
 
 import pytest
 
-from healer.ruleset.loading import load_ruleset
-from healer.ruleset.schema import Rule
-from tests.conftest import REPO
-from tests.exposition import Pages, node_of, serve, target_of
+from tests.exposition import Pages, all_findings, findings, load_pack, serve
 from tests.node_exporter import NodeExporter, node_exporter
 from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
 
@@ -37,7 +34,6 @@ pytestmark = pytest.mark.prometheus
 
 N3, N4, N4B = "gpu-n3", "gpu-n4", "gpu-n4b"
 MODEL = "NVIDIA H100 80GB HBM3"
-DEVICE_MATCHERS = 'device=~".+", device!~""'  # the pack's default: every HCA is compute fabric
 
 
 @dataclass
@@ -130,33 +126,6 @@ class DcgmExporter:
                 extra = {"xid": str(xid), "window_size_in_ms": "300000"}
                 out.extend(f"DCGM_EXP_XID_ERRORS_COUNT{s} {count:f}" for s in self._series(g, extra))
         return "\n".join(out) + "\n"
-
-
-def findings(prom: PrometheusServer, rule: Rule) -> dict[tuple[str | None, str | None], str]:
-    """{(node, GPU or device:port): value} of the rule's expression now."""
-    return {
-        (node_of(s["metric"], rule), target_of(s["metric"], rule)): s["value"][1]
-        for s in prom.query(rule.expr)
-    }
-
-
-def all_findings(
-    prom: PrometheusServer, pack: dict[str, Rule]
-) -> dict[str, dict[tuple[str | None, str | None], str]]:
-    return {name: found for name, rule in pack.items() if (found := findings(prom, rule))}
-
-
-def load_pack(exclude: str = "") -> dict[str, Rule]:
-    """The default pack; ``exclude`` set as the HCA exclude pattern, as an operator would."""
-    ruleset = load_ruleset([REPO / "rules"])
-    pack = {r.name: r for r in ruleset.rules}
-    if exclude:
-        matchers = DEVICE_MATCHERS.replace('device!~""', f'device!~"{exclude}"')
-        pack = {
-            name: rule.model_copy(update={"expr": rule.expr.replace(DEVICE_MATCHERS, matchers)})
-            for name, rule in pack.items()
-        }
-    return pack
 
 
 @dataclass

@@ -20,3 +20,26 @@ def test_scaled_pack_keeps_rules_and_shortens_holds_and_windows() -> None:
     assert all(g.interval is not None and g.interval <= 5 for g in scaled.groups)
     # Actions are untouched.
     assert hot.actions == pack.rule("GpuTooHot").actions
+
+
+def test_progress_lines_name_every_lifecycle_step_once(migrated_sqlite_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from healer.engine.states import NodeState
+    from healer.store.nodes import get_or_create_node, transition
+    from healer.store.session import make_engine, make_sessionmaker, transaction
+    from healer_dev.demo import new_steps
+
+    sessions = make_sessionmaker(make_engine(migrated_sqlite_url))
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    with transaction(sessions) as s:
+        node = get_or_create_node(s, "gpu-node-07", now=now)
+        transition(s, node, NodeState.QUARANTINED, now=now, actor="healer", reason="GpuTooHot on GPU 3")
+        transition(s, node, NodeState.DRAINING, now=now, actor="healer", reason="drain started")
+    with sessions() as s:
+        lines, last = new_steps(s, 0)
+        assert lines == [
+            "gpu-node-07: healthy -> quarantined (GpuTooHot on GPU 3)",
+            "gpu-node-07: quarantined -> draining (drain started)",
+        ]
+        assert new_steps(s, last) == ([], last)  # nothing printed twice

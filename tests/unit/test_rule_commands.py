@@ -74,7 +74,7 @@ def test_three_mistakes_exit_1_with_three_lines_naming_file_line_and_field(
     assert lines == [
         f"{three_mistakes}:6:9: groups[0].rules[0].for: not a Prometheus duration: '5 minutes' "
         "(use e.g. 30s, 5m, 1h30m)",
-        f"{three_mistakes}:9:41: groups[0].rules[1].expr: PromQL parse error: unexpected <op:==>",
+        f"{three_mistakes}:9:41: groups[0].rules[1].expr: PromQL parse error: unexpected operator '=='",
         f"{three_mistakes}:11:31: groups[0].rules[1].actions[1]: unknown action 'reboot' "
         "(allowed: quarantine, taint, drain, ticket, notify)",
     ]

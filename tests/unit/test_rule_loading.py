@@ -163,7 +163,13 @@ def _csv_fields(path: Path) -> dict[str, str]:
 
 
 def _known_fields(line: str) -> set[str]:
-    """The DCGM field names exporter ``line`` knows (tests/fixtures/dcgm-fields-<line>.txt)."""
+    """The DCGM field names exporter ``line`` knows (tests/fixtures/dcgm-fields-<line>.txt).
+
+    Sources (each file's header has the detail): 3.x from NVIDIA/dcgm-exporter's 3.x ``pkg/cmd/app.go``
+    (field 112 as ``DCGM_FI_DEV_CLOCK_THROTTLE_REASONS``, the ``DCGM_EXP_*`` collectors) and its 2.x/3.x
+    ``etc/default-counters.csv``, ids from DCGM's ``dcgm_fields.h``; 4.x from NVIDIA/go-dcgm
+    ``pkg/dcgm/const_fields.go``, the table 4.x exporters resolve CSV names against.
+    """
     rows = (FIXTURES / f"dcgm-fields-{line}.txt").read_text().splitlines()
     return {row.split()[1] for row in rows if row.strip() and not row.startswith("#")}
 
@@ -560,7 +566,7 @@ MISTAKES = [
                     DCGM_FI_DEV_GPU_TEMP
                   ) >> 78
         """,
-        (8, 14, "groups[0].rules[0].expr", "PromQL parse error: unexpected <op:>>"),
+        (8, 14, "groups[0].rules[0].expr", "PromQL parse error: unexpected operator '>'"),
     ),
     (
         "PromQL bad duration inside the expression",
@@ -608,7 +614,8 @@ MISTAKES = [
                 expr: up
                 actions: [quarantine]
         """,
-        (6, 9, "groups[0].rules[0].actions", "rule name 'gpu:xid' becomes the taint's value"),
+        # the name is what to change: the error points at the `name:` line, not at `actions:`
+        (4, 9, "groups[0].rules[0].name", "rule name 'gpu:xid' becomes the taint's value"),
     ),
     (
         "YAML syntax",
@@ -677,7 +684,7 @@ def test_three_mistakes_give_three_problems_in_file_order(tmp_path: Path) -> Non
     assert [str(p) for p in caught.value.problems] == [
         f"{path}:6:9: groups[0].rules[0].for: not a Prometheus duration: '5 minutes' "
         "(use e.g. 30s, 5m, 1h30m)",
-        f"{path}:8:41: groups[0].rules[1].expr: PromQL parse error: unexpected <op:==>",
+        f"{path}:8:41: groups[0].rules[1].expr: PromQL parse error: unexpected operator '=='",
         f"{path}:9:31: groups[0].rules[1].actions[1]: unknown action 'reboot' "
         "(allowed: quarantine, taint, drain, ticket, notify)",
     ]
@@ -902,3 +909,19 @@ def test_one_pool_name_selects_one_set_of_nodes(tmp_path: Path) -> None:
     assert (problem.line, problem.field) == (15, "groups[0].rules[1].pool.name")
     assert problem.message.startswith("pool 'infiniband' selects other nodes than at ")
     assert ":4:" in problem.message  # the first definition's line
+
+
+@pytest.mark.parametrize(
+    ("promtool", "readable"),
+    [
+        ("parse error: unexpected <op:>>", "parse error: unexpected operator '>'"),
+        ("unexpected <op:>=> in x", "unexpected operator '>=' in x"),
+        ("unexpected <aggr:sum>, expected x", "unexpected aggregation 'sum', expected x"),
+        ("unexpected <by> in aggregation", "unexpected keyword 'by' in aggregation"),
+        ('unexpected "}" in label matching', 'unexpected "}" in label matching'),
+    ],
+)
+def test_promql_errors_spell_out_the_parsers_token_notation(promtool: str, readable: str) -> None:
+    from healer.ruleset.loading import readable_promql_error
+
+    assert readable_promql_error(promtool) == readable

@@ -309,3 +309,103 @@ def test_xid_count_sees_a_fatal_xid_that_a_later_xid_45_hides_from_the_gauge() -
     # the trailing window is 5 minutes: the 79 leaves it first
     assert {dict(k[1])["xid"] for k in scrape(fleet, "dcgm", 400.0) if k[0] == count} == {"45"}
     assert not [k for k in scrape(fleet, "dcgm", 460.0) if k[0] == count]
+
+
+def test_row_remap_pending_sets_the_flag_until_its_duration_ends() -> None:
+    fleet = with_faults({"at": "20s", "gpu": 1, "fault": "row_remap_pending", "duration": "1m"})
+    assert diff(fleet, "dcgm", 19.0) == {}
+    assert changed(diff(fleet, "dcgm", 20.0)) == {
+        ("DCGM_FI_DEV_ROW_REMAP_PENDING", "1"),
+        ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "1"),
+    }
+    assert value(fleet, "dcgm", 79.0, "DCGM_FI_DEV_ROW_REMAP_PENDING", gpu="1") == 1
+    assert value(fleet, "dcgm", 80.0, "DCGM_FI_DEV_ROW_REMAP_PENDING", gpu="1") == 0
+    assert value(fleet, "dcgm", 80.0, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", gpu="1") == 1  # counted
+
+
+def test_double_bit_ecc_errors_grow_the_volatile_total() -> None:
+    fleet = with_faults({"at": "20s", "gpu": 6, "fault": "ecc_dbe", "count": 4, "duration": "4s"})
+    assert diff(fleet, "dcgm", 19.0) == {}
+    assert changed(diff(fleet, "dcgm", 100.0)) == {("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "6")}
+    assert value(fleet, "dcgm", 22.0, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="6") == 2
+    assert value(fleet, "dcgm", 100.0, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", gpu="6") == 4
+
+
+def test_gpu_sharing_gives_one_series_per_pod_and_a_pod_ending_removes_only_its_series() -> None:
+    fleet = with_faults({"at": "10s", "gpu": 2, "fault": "gpu_sharing", "pods": 3, "duration": "50s"})
+    temps = {k: v for k, v in scrape(fleet, "dcgm", 30.0).items() if k[0] == "DCGM_FI_DEV_GPU_TEMP"}
+    gpu2 = [dict(labels) for _, labels in temps if dict(labels)["gpu"] == "2"]
+    assert len(temps) == 10  # 8 GPUs, GPU 2 three times
+    assert {labels["UUID"] for labels in gpu2} == {fleet.gpu_uuid(NODE, 2)}
+    assert len({labels["pod"] for labels in gpu2}) == 3
+    # after 50 s two pods end: their series go, GPU 2 stays with the first pod
+    after = [k for k in scrape(fleet, "dcgm", 60.0) if k[0] == "DCGM_FI_DEV_GPU_TEMP"]
+    assert len(after) == 8
+    assert scrape(fleet, "dcgm", 60.0) == scrape(HEALTHY, "dcgm", 60.0)
+
+
+def test_mig_gives_one_series_per_gpu_instance_with_the_gpus_uuid() -> None:
+    fleet = with_faults({"at": "0s", "gpu": 4, "fault": "mig", "instances": 3, "profile": "2g.20gb"})
+    gpu4 = [dict(k[1]) for k in scrape(fleet, "dcgm", 5.0) if k[0] == "DCGM_FI_DEV_GPU_TEMP"]
+    gpu4 = [labels for labels in gpu4 if labels["gpu"] == "4"]
+    assert [(g["GPU_I_ID"], g["GPU_I_PROFILE"]) for g in gpu4] == [
+        ("1", "2g.20gb"),
+        ("2", "2g.20gb"),
+        ("3", "2g.20gb"),
+    ]
+    assert {g["UUID"] for g in gpu4} == {fleet.gpu_uuid(NODE, 4)}
+
+
+@pytest.mark.parametrize(
+    ("counter", "family", "top"),
+    [
+        ("local_link_integrity_errors", "node_infiniband_local_link_integrity_errors", 15),
+        ("excessive_buffer_overrun_errors", "node_infiniband_excessive_buffer_overrun_errors", 15),
+        ("link_downed", "node_infiniband_link_downed", 255),
+        ("symbol_error", "node_infiniband_symbol_error", 65535),
+    ],
+)
+def test_ib_error_counters_stop_at_their_sysfs_width(counter: str, family: str, top: int) -> None:
+    fleet = with_faults(
+        {
+            "at": "10s",
+            "hca": "mlx5_3",
+            "fault": "ib_port_errors",
+            "counter": counter,
+            "count": top * 3,
+            "duration": "6s",
+        }
+    )
+    assert value(fleet, "node", 9.0, family, device="mlx5_3") == 0
+    assert value(fleet, "node", 11.0, family, device="mlx5_3") == top // 2  # climbing
+    assert value(fleet, "node", 12.0, family, device="mlx5_3") == top  # pinned, not wrapped
+    assert value(fleet, "node", 500.0, family, device="mlx5_3") == top
+    assert changed(diff(fleet, "node", 500.0)) == {(family, "mlx5_3")}
+
+
+def test_ib_port_down_and_hca_gone() -> None:
+    fleet = with_faults(
+        {"at": "10s", "hca": "mlx5_1", "fault": "ib_port_down", "duration": "20s"},
+        {"at": "10s", "hca": "mlx5_5", "fault": "ib_hca_missing"},
+    )
+    assert value(fleet, "node", 15.0, "node_infiniband_state_id", device="mlx5_1") == 1
+    assert value(fleet, "node", 15.0, "node_infiniband_physical_state_id", device="mlx5_1") == 3
+    assert value(fleet, "node", 30.0, "node_infiniband_state_id", device="mlx5_1") == 4
+    assert not [k for k in scrape(fleet, "node", 15.0) if dict(k[1]).get("device") == "mlx5_5"]
+    assert [k for k in scrape(fleet, "node", 9.0) if dict(k[1]).get("device") == "mlx5_5"]
+
+
+def test_a_management_hca_follows_the_compute_ones_and_takes_faults() -> None:
+    import yaml
+
+    scenario = parse_scenario(
+        yaml.safe_dump({"faults": [{"node": NODE, "at": "10s", "hca": "mlx5_8", "fault": "ib_link_flap"}]})
+    )
+    fleet = Fleet(FleetConfig(nodes=4, seed=SEED, idle_fraction=0.0, management_hcas=1), scenario)
+    info = {
+        dict(k[1])["device"]: dict(k[1])["hca_type"]
+        for k in scrape(fleet, "node", 10.0)
+        if k[0] == "node_infiniband_info"
+    }
+    assert info["mlx5_8"] == "MT4125" and info["mlx5_7"] == "MT4129" and len(info) == 9
+    assert value(fleet, "node", 10.0, "node_infiniband_link_downed", device="mlx5_8") == 1

@@ -206,3 +206,49 @@ def test_render_is_fast_enough_for_2048_nodes() -> None:
     per_node = (time.perf_counter() - start) / 64
     # 2,048 nodes every 30 s must fit easily in one core: < 5 ms per node is a 30x margin.
     assert per_node < 0.005, per_node
+
+
+def _series_labels(text: str, family: str) -> list[list[str]]:
+    """Label names of each ``family`` line, in printed order (raw text, not a parser's dict)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(family + "{"):
+            body = line[len(family) + 1 : line.rindex("}")]
+            out.append(re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="', body))
+    return out
+
+
+def test_4x_shape_sorts_labels_names_field_112_the_4x_way_and_has_no_xid_series_until_the_first() -> None:
+    import yaml
+
+    from healer_dev.simulator import parse_scenario
+
+    scenario = parse_scenario(
+        yaml.safe_dump(
+            {"faults": [{"at": "10s", "node": "gpu-node-01", "gpu": 2, "fault": "xid", "code": 79}]}
+        )
+    )
+    fleet = Fleet(FleetConfig(nodes=2, seed=7, idle_fraction=0.0, exporter_version="4.x"), scenario)
+    before, after = fleet.render_dcgm("gpu-node-01", 5.0), fleet.render_dcgm("gpu-node-01", 20.0)
+    for text in (before, after):
+        names = families(text)
+        assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" in names
+        assert "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" not in names
+        for family in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT"):
+            for labels in _series_labels(text, family):
+                assert labels == sorted(labels), (family, labels)
+    assert _series_labels(before, "DCGM_FI_DEV_XID_ERRORS") == []  # no Xid yet: no series at all
+    xid = _series_labels(after, "DCGM_FI_DEV_XID_ERRORS")
+    assert len(xid) == 1 and "err_code" in xid[0]
+
+
+def test_3x_shape_names_field_112_the_3x_way_and_shows_a_zero_xid_series_per_gpu() -> None:
+    fleet = Fleet(FleetConfig(nodes=2, seed=7, idle_fraction=0.0, exporter_version="3.x"))
+    text = fleet.render_dcgm("gpu-node-01", 5.0)
+    names = families(text)
+    assert names["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"][1] == "Current clock throttle reasons."
+    assert "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" not in names
+    assert len(_series_labels(text, "DCGM_FI_DEV_XID_ERRORS")) == 8
+    # the 3.x output template's order, as in the reference scrape
+    reference = families(DCGM_FIXTURE)["DCGM_FI_DEV_GPU_TEMP"][2]
+    assert names["DCGM_FI_DEV_GPU_TEMP"][2] == reference
