@@ -58,9 +58,9 @@ def observe_coverage(
             chains.setdefault(chain, set()).update(metrics)
     seen: dict[tuple[tuple[str, ...], str], set[str]] = {}  # (chain, metric) → nodes
     failed: set[tuple[str, ...]] = set()
-    for chain, metrics in chains.items():
+    for chain, chain_metrics in chains.items():
         try:
-            answer = source.query(coverage_query(metrics, chain), at=now, deadline=deadline)
+            answer = source.query(coverage_query(chain_metrics, chain), at=now, deadline=deadline)
         except SourceError as exc:
             log.warning("rule coverage not observed (labelled pools stand in): %s", exc)
             failed.add(chain)

@@ -400,8 +400,8 @@ class KubernetesNodeActions:
         with api_call(f"record event {reason} on node {name}"):
             self.events.create_namespaced_event(
                 EVENT_NAMESPACE,
-                body,
-                _request_timeout=self._timeout,  # type: ignore[arg-type]
+                body,  # type: ignore[arg-type]
+                _request_timeout=self._timeout,
             )
 
     def drain_step(

@@ -26,6 +26,7 @@ def test_progress_lines_name_every_lifecycle_step_once(migrated_sqlite_url: str)
     from datetime import UTC, datetime
 
     from healer.engine.states import NodeState
+
     from healer.store.nodes import get_or_create_node, transition
     from healer.store.session import make_engine, make_sessionmaker, transaction
     from healer_dev.demo import new_steps
