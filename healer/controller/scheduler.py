@@ -47,7 +47,7 @@ from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleGroup
-from healer.sources.base import MetricsSource
+from healer.sources.base import AlertStateSource, MetricsSource
 from healer.store import nodes as repo
 from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
 from healer.store.session import transaction
@@ -119,7 +119,7 @@ class Controller:
 
     settings: Settings
     session_factory: sessionmaker[Session]
-    source: MetricsSource
+    source: MetricsSource | AlertStateSource
     actions: NodeActions
     rules: RulesHolder
     leadership: Leadership
