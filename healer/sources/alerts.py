@@ -34,6 +34,7 @@ overwritten by Prometheus: keep rule ``labels`` names apart from the expressions
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -201,6 +202,12 @@ def api_time(text: object) -> datetime | None:
     """An RFC 3339 time from the API (nanoseconds cut to microseconds); None when absent or zero."""
     if not isinstance(text, str) or not text or text.startswith("0001-01-01"):
         return None
+    return _parse_time(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_time(text: str) -> datetime:
+    """Cached: the alerts of one evaluation share their ``activeAt`` stamps."""
     head, _, rest = text.partition(".")
     if rest:
         digits = "".join(c for c in rest if c.isdigit())
