@@ -57,3 +57,18 @@ def test_bad_settings_name_the_file_and_field(tmp_path: Path, text: str, problem
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
         load_settings(tmp_path / "nope.yaml")
+
+
+def test_detection_mode_picks_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    from healer import wiring
+    from healer.sources.alerts import PrometheusAlertsSource
+    from healer.sources.base import AlertStateSource
+
+    for key in [k for k in os.environ if k.startswith("HEALER_")]:
+        monkeypatch.delenv(key)
+    with wiring.prometheus_source(load_settings()) as query:
+        assert not isinstance(query, AlertStateSource)
+    settings = load_settings(detection={"mode": "alerts", "stale_after_intervals": 5})
+    with wiring.prometheus_source(settings) as alerts:
+        assert isinstance(alerts, PrometheusAlertsSource) and isinstance(alerts, AlertStateSource)
+        assert alerts.stale_after_intervals == 5
