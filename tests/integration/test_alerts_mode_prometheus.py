@@ -35,7 +35,12 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.alerts import PrometheusAlertsSource
 from healer.sources.prometheus import PrometheusSource
 from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
-from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
+from tests.services import (
+    PrometheusServer,
+    prometheus_server,
+    simulator_targets,
+    wait_until,
+)
 
 pytestmark = pytest.mark.prometheus
 
@@ -120,15 +125,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     scenario = parse_scenario(yaml.safe_dump({"name": "alerts-mode", "faults": FAULTS}))
     fleet = Fleet(FleetConfig(nodes=16, hcas=2, seed=0, idle_fraction=0.2), scenario)
     with SimulatorServer(fleet, clock=clock) as sim:
-        targets = [
-            ScrapeTarget(
-                address=sim.address,
-                metrics_path=group["labels"]["__metrics_path__"],
-                job=group["labels"]["job"],
-                labels={k: v for k, v in group["labels"].items() if not k.startswith("__") and k != "job"},
-            )
-            for group in fleet.targets(sim.address)
-        ]
+        targets = simulator_targets(fleet.targets(sim.address), sim.address)
         with prometheus_server(targets, scrape_interval="1s", rule_files=[exported]) as prom:
             prom.wait_for_targets_up(len(targets))
             wait_until(
