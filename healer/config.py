@@ -55,6 +55,27 @@ class PrometheusSettings(_Group):
     )
 
 
+class DetectionSettings(_Group):
+    """How healer learns what fires (rules/README.md, "Query mode or alerts mode")."""
+
+    mode: Literal["query", "alerts"] = Field(
+        "query",
+        description=(
+            "query: healer sends each rule's PromQL to Prometheus every tick; alerts: Prometheus "
+            "evaluates the exported rule file (`healer rules export`) and healer reads only its "
+            "pending and firing alerts (/api/v1/rules), so a tick costs what fires."
+        ),
+    )
+    stale_after_intervals: float = Field(
+        3.0,
+        gt=1,
+        description=(
+            "alerts mode: a rule Prometheus last evaluated more than this many of its group's "
+            "intervals ago is stale; healer neither fires nor resolves on it (its rule is frozen)."
+        ),
+    )
+
+
 class KubernetesSettings(_Group):
     """How healer talks to the cluster and marks what it did."""
 
@@ -315,6 +336,7 @@ class Settings(BaseSettings):
     rules_paths: list[Path] = Field(default_factory=lambda: [Path("rules")])
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    detection: DetectionSettings = Field(default_factory=DetectionSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)

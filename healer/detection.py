@@ -16,6 +16,11 @@ Queries run on a small thread pool (``concurrency``, default 4): the tick costs 
 queries rather than their sum, while the source never sees more than ``concurrency`` queries of
 this tick at once. Every query is evaluated at the same ``time=``, so the results are those of
 the sequential tick (tested against a real Prometheus).
+
+Alerts mode (``detection.mode: alerts``): the source is an
+:class:`~healer.sources.base.AlertStateSource`; Prometheus evaluated the rules, and one request
+reads every due rule's pending and firing alerts (``queries`` is 1). Evaluation, recording and
+the result are the same.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from healer.errors import SourceError
 from healer.model.findings import TickFindings
 from healer.model.states import RuleHealth
 from healer.ruleset.schema import Rule, RuleSet
-from healer.sources.base import Deadline, MetricsSource
+from healer.sources.base import AlertStateSource, Deadline, MetricsSource
 from healer.store.evaluations import load_state, record_changes, record_reports
 from healer.store.session import transaction
 
@@ -73,7 +78,7 @@ class DetectionResult:
 def run_detection(
     *,
     ruleset: RuleSet,
-    source: MetricsSource,
+    source: MetricsSource | AlertStateSource,
     session_factory: sessionmaker[Session] | None,
     state: EvaluationState,
     now: datetime,
@@ -110,13 +115,22 @@ def run_detection(
     due = [r for r in ruleset.rules if r.name not in not_due]
     results: dict[str, QueryResult | SourceError] = {}
     durations: dict[str, float] = {}
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="healer-query") as pool:
-        for phase in ([r for r in due if r.kind != "no_data"], [r for r in due if r.kind == "no_data"]):
-            answers = pool.map(lambda rule: _query(source, rule, now, deadline), phase)
-            for rule, answer in zip(phase, answers, strict=True):
-                if answer is not None:  # None: the deadline passed first; evaluate() reports it unavailable
-                    results[rule.name], durations[rule.name] = answer
-    queries = len(results)
+    if isinstance(source, AlertStateSource):
+        t0 = time.perf_counter()
+        results.update(source.alert_states(due, at=now, deadline=deadline) if due else {})
+        durations = dict.fromkeys(results, time.perf_counter() - t0)
+        queries = 1 if due else 0
+    else:
+        query_source: MetricsSource = source
+        with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="healer-query") as pool:
+            for phase in ([r for r in due if r.kind != "no_data"], [r for r in due if r.kind == "no_data"]):
+                answers = pool.map(lambda rule: _query(query_source, rule, now, deadline), phase)
+                for rule, answer in zip(phase, answers, strict=True):
+                    if (
+                        answer is not None
+                    ):  # None: the deadline passed first; evaluate() reports it unavailable
+                        results[rule.name], durations[rule.name] = answer
+        queries = len(results)
     evaluation = evaluate(
         ruleset=ruleset, results=results, previous=state, now=now, durations=durations, not_due=not_due
     )

@@ -131,9 +131,14 @@ def database(settings: Settings, *, upgrade: bool = False) -> sessionmaker[Sessi
 
 
 def prometheus_source(settings: Settings) -> PrometheusSource:
-    """The detection source: instant queries on ``prometheus.url`` with its timeouts; close it."""
+    """The detection source on ``prometheus.url`` with its timeouts (close it): instant queries,
+    or with ``detection.mode: alerts`` the alerts of the rules Prometheus evaluates."""
     from healer.sources.prometheus import PrometheusSource
 
+    if settings.detection.mode == "alerts":
+        from healer.sources.alerts import PrometheusAlertsSource
+
+        return PrometheusAlertsSource.from_settings(settings.prometheus, settings.detection)
     return PrometheusSource.from_settings(settings.prometheus)
 
 

@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -40,6 +41,7 @@ __all__ = [
     "postgres_server",
     "prometheus_server",
     "shared_victoria_metrics",
+    "simulator_targets",
     "text_exporter",
     "victoria_metrics_server",
     "wait_until",
@@ -233,3 +235,17 @@ def text_exporter(render: Callable[[], str]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def simulator_targets(groups: Sequence[Mapping[str, Any]], address: str) -> list[ScrapeTarget]:
+    """The fleet simulator's file_sd groups (``Fleet.targets(address)``) as scrape targets of
+    ``address``: each group's metrics path, job and its other (non ``__``) labels."""
+    return [
+        ScrapeTarget(
+            address=address,
+            metrics_path=group["labels"]["__metrics_path__"],
+            job=group["labels"]["job"],
+            labels={k: v for k, v in group["labels"].items() if not k.startswith("__") and k != "job"},
+        )
+        for group in groups
+    ]

@@ -7,7 +7,7 @@ Modules::
     tables             plain-text tables
     run                healer run: the controller with its dashboard
     serve              healer serve: the dashboard alone
-    rules              healer rules validate|show
+    rules              healer rules validate|show|test|export
     evaluate           healer evaluate --once: one detection tick, printed
     db                 healer db upgrade
     node               healer node list|release

@@ -48,7 +48,7 @@ from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
 from healer.ruleset.schema import RuleGroup, RuleSet
-from healer.sources.base import MetricsSource
+from healer.sources.base import AlertStateSource, MetricsSource
 from healer.store import nodes as repo
 from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
 from healer.store.session import transaction
@@ -120,7 +120,7 @@ class Controller:
 
     settings: Settings
     session_factory: sessionmaker[Session]
-    source: MetricsSource
+    source: MetricsSource | AlertStateSource
     actions: NodeActions
     rules: RulesHolder
     leadership: Leadership
@@ -320,7 +320,7 @@ class Controller:
             or self._coverage_rules is not ruleset
             or (now - self._coverage_at).total_seconds() >= self.settings.safety.coverage_refresh_seconds
         )
-        if due:
+        if due and isinstance(self.source, MetricsSource):  # alerts mode's source also queries
             observed = observe_coverage(ruleset=ruleset, source=self.source, now=now)
             keep = {r: nodes for r, nodes in self._coverage.items() if self._coverage_rules is ruleset}
             self._coverage = {**keep, **observed}

@@ -23,6 +23,11 @@ returned. The semantics are Prometheus's alerting rules (prometheus/prometheus `
 - Series whose node cannot be named (none of the rule's ``node_labels`` is set) are counted and
   reported per rule with an example, never dropped silently.
 
+- Alerts mode (``QueryResult.judged``): Prometheus evaluated the rule and judged each series
+  itself; a series it reports ``firing`` has met its ``for``, a pending one has not, and one it
+  no longer reports is resolved (its ``keep_firing_for`` already ran in Prometheus). Episodes,
+  changes, unknown nodes and frozen rules are as above.
+
 Errors: none raised for bad data; a duplicate label set in one result is reported as the rule's
 error (as Prometheus does) and the rule is frozen for the tick.
 """
@@ -49,20 +54,42 @@ MAX_SERIES_KEY = 1000
 
 
 @dataclass(frozen=True, slots=True)
+class AlertState:
+    """Prometheus's own judgement of one series of a rule it evaluates (alerts mode).
+
+    ``firing``: the alert's ``for`` is met (else it is pending); ``active_at``: when it became
+    active (Prometheus's ``activeAt``); ``keep_firing_since``: set while Prometheus keeps a firing
+    alert whose condition is clear (``keep_firing_for``; Prometheus's ``keepFiringSince``).
+    """
+
+    firing: bool
+    active_at: datetime | None = None
+    keep_firing_since: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Sample:
-    """One series of an instant-query result: its labels and its value (NaN/±Inf possible)."""
+    """One series of an instant-query result: its labels and its value (NaN/±Inf possible);
+    ``alert`` when the source already judged it (alerts mode, :class:`AlertState`)."""
 
     labels: Mapping[str, str]
     value: float
+    alert: AlertState | None = None
 
 
 @dataclass(frozen=True)
 class QueryResult:
     """A successful instant query: ``samples`` (possibly empty = nothing matched) and the source's
-    ``warnings`` (partial data, e.g. a Thanos store down), kept for the rule's report."""
+    ``warnings`` (partial data, e.g. a Thanos store down), kept for the rule's report.
+
+    ``judged``: the samples are the rule's pending and firing alerts as Prometheus evaluated them
+    (alerts mode): ``for`` and ``keep_firing_for`` were applied by Prometheus, each sample's
+    :class:`AlertState` says pending or firing, and a series missing is resolved.
+    """
 
     samples: list[Sample]
     warnings: list[str] = field(default_factory=list)
+    judged: bool = False
 
 
 @dataclass(frozen=True)
@@ -300,7 +327,7 @@ def _step_rule(
     if isinstance(outcome, SourceError):
         return frozen_report(RuleHealth.UNAVAILABLE, str(outcome))
 
-    current: dict[str, tuple[dict[str, str], float, str]] = {}
+    current: dict[str, tuple[dict[str, str], float, str, AlertState | None]] = {}
     no_node: list[dict[str, str]] = []
     cleaned: list[dict[str, str]] = []
     for sample in outcome.samples:
@@ -321,7 +348,7 @@ def _step_rule(
                 series=len(outcome.samples),
                 warnings=list(outcome.warnings),
             )
-        current[key] = (labels, sample.value, node)
+        current[key] = (labels, sample.value, node, sample.alert)
 
     unresolved = (
         UnresolvedSeries(rule=rule.name, count=len(no_node), node_labels=rule.node_labels, example=no_node[0])
@@ -329,12 +356,13 @@ def _step_rule(
         else None
     )
     summary_template = rule.summary
-    for key, (labels, value, node) in current.items():
+    for key, (labels, value, node, alert) in current.items():
         summary = render_template(summary_template, labels, value) if summary_template else ""
         gpu = labels.get(rule.gpu_label) or None
         old = prev.get(key)
         if old is None:
-            fires = rule.for_ <= 0
+            fires = alert.firing if outcome.judged and alert is not None else rule.for_ <= 0
+            since = alert.active_at if alert is not None and alert.active_at is not None else now
             new = Finding(
                 rule=rule.name,
                 series_key=key,
@@ -346,13 +374,19 @@ def _step_rule(
                 unit=rule.unit,
                 labels=labels,
                 summary=summary,
-                active_since=now,
+                active_since=min(since, now),
                 fired_at=now if fires else None,
                 last_true_at=now,
+                clear_since=alert.keep_firing_since if alert is not None else None,
             )
             kind = ChangeKind.FIRED if fires else ChangeKind.PENDING
         else:
-            fires = old.state == FindingState.PENDING and _held(old.active_since or now, now, rule.for_)
+            if outcome.judged:
+                # Prometheus's word on `for`; a firing episode never goes back to pending.
+                fires = old.state == FindingState.PENDING and alert is not None and alert.firing
+            else:
+                fires = old.state == FindingState.PENDING and _held(old.active_since or now, now, rule.for_)
+            holding = alert.keep_firing_since if alert is not None else None
             new = replace(
                 old,
                 node=node,
@@ -364,8 +398,8 @@ def _step_rule(
                 labels=labels,
                 summary=summary,
                 fired_at=now if fires else old.fired_at,
-                last_true_at=now,
-                clear_since=None,
+                last_true_at=old.last_true_at if holding is not None else now,
+                clear_since=holding,
             )
             kind = ChangeKind.FIRED if fires else ChangeKind.UPDATED
         state[key] = new
@@ -380,7 +414,7 @@ def _step_rule(
             # a recovery hold in progress starts over once data returns (clear must be continuous).
             state[key] = replace(old, clear_since=None) if old.clear_since else old
             continue
-        if old.state == FindingState.FIRING and rule.keep_firing_for > 0:
+        if old.state == FindingState.FIRING and rule.keep_firing_for > 0 and not outcome.judged:
             clear_since = old.clear_since or now
             if not _held(clear_since, now, rule.keep_firing_for):
                 state[key] = replace(old, clear_since=clear_since)

@@ -52,7 +52,7 @@ from ruamel.yaml.scalarstring import (
 )
 
 from healer.errors import RuleError
-from healer.ruleset.durations import format_duration
+from healer.ruleset.export import prometheus_rule_file
 from healer.ruleset.schema import (
     ACTION_KINDS,
     DrainAction,
@@ -245,29 +245,12 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
 
 
 def to_prometheus_rules(ruleset: RuleSet) -> dict[str, Any]:
-    """The rule set as a Prometheus alerting rule file (``groups: [{name, interval, rules}]``).
-
-    Each healer rule becomes ``alert: <name>`` with its ``expr``, ``for``, ``keep_firing_for``,
-    ``labels`` and ``annotations``; healer's own keys (actions, node labels) are dropped. Used to
-    let Prometheus evaluate the same expressions (benchmarks, cross-checks).
+    """The rule set as a Prometheus alerting rule file (``groups: [{name, interval, rules}]``), as
+    ``healer rules export`` writes it (:mod:`healer.ruleset.export`), except that a group without an
+    ``interval`` keeps none (Prometheus's ``evaluation_interval`` applies). Used to let Prometheus
+    evaluate the same expressions (benchmarks, cross-checks).
     """
-    groups: list[dict[str, Any]] = []
-    for group in ruleset.groups:
-        out: dict[str, Any] = {"name": group.name, "rules": []}
-        if group.interval is not None:
-            out["interval"] = format_duration(group.interval)
-        for rule in group.rules:
-            item: dict[str, Any] = {"alert": rule.name, "expr": rule.expr}
-            if rule.for_:
-                item["for"] = format_duration(rule.for_)
-            if rule.keep_firing_for:
-                item["keep_firing_for"] = format_duration(rule.keep_firing_for)
-            item["labels"] = {"severity": rule.severity, **rule.labels}
-            if rule.annotations:
-                item["annotations"] = dict(rule.annotations)
-            out["rules"].append(item)
-        groups.append(out)
-    return {"groups": groups}
+    return prometheus_rule_file(ruleset, default_interval_seconds=None)
 
 
 # --- files ------------------------------------------------------------------------------------

@@ -7,13 +7,15 @@ The result shapes (:class:`~healer.engine.evaluation.Sample`,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from healer.engine.evaluation import QueryResult, Sample
+from healer.errors import SourceError
+from healer.ruleset.schema import Rule
 
-__all__ = ["Deadline", "MetricsSource", "QueryResult", "Sample"]
+__all__ = ["AlertStateSource", "Deadline", "MetricsSource", "QueryResult", "Sample"]
 
 
 class Deadline:
@@ -36,6 +38,7 @@ class Deadline:
         return self._clock() >= self._end
 
 
+@runtime_checkable
 class MetricsSource(Protocol):
     """One instant query at a given evaluation time, bounded by the tick's deadline."""
 
@@ -51,4 +54,20 @@ class MetricsSource(Protocol):
             QueryError: the source refused the expression (the rule is broken).
             SourceUnavailable: timeout, deadline passed, 5xx, transport error, non-JSON answer.
         """
+        ...
+
+
+@runtime_checkable
+class AlertStateSource(Protocol):
+    """Alerts mode: a source that evaluated the rules itself and reports their alerts."""
+
+    #: The tick's one request must finish within this many seconds.
+    tick_deadline_seconds: float
+
+    def alert_states(
+        self, rules: Iterable[Rule], *, at: datetime, deadline: Deadline | None = None
+    ) -> Mapping[str, QueryResult | SourceError]:
+        """Each rule's pending and firing alerts as a ``judged`` :class:`QueryResult`, or the
+        :class:`~healer.errors.SourceError` saying why it cannot be judged at ``at``. Never raises
+        a SourceError."""
         ...

@@ -143,17 +143,27 @@ class PrometheusSource:
             budget = min(budget, deadline.remaining())
             if budget <= 0:
                 raise SourceUnavailable(f"{self._where}: tick deadline passed before querying {_short(expr)}")
-        end = time.monotonic() + budget
         params = {
             "query": expr,
             "time": f"{at.timestamp():.3f}",
             "timeout": f"{max(int(budget * 1000), 1)}ms",
         }
+        status, body = self._get(self._endpoint, params, budget, what=_short(expr))
+        return self._parse(expr, status, body)
+
+    def _get(self, endpoint: str, params: dict[str, str], budget: float, *, what: str) -> tuple[int, bytes]:
+        """One GET of ``endpoint`` within ``budget`` seconds, no retry: (HTTP status, body).
+
+        Raises:
+            SourceUnavailable: connect/read timeout, the budget ran out while reading, transport
+                error (``what`` names the request in the message).
+        """
+        end = time.monotonic() + budget
         with self._count_lock:
             self.queries_sent += 1
         try:
             response = self._session.get(
-                self._endpoint,
+                endpoint,
                 params=params,
                 headers=self._prom.headers,
                 auth=self._prom.auth,
@@ -171,16 +181,16 @@ class PrometheusSource:
             timed_out = isinstance(reason, requests.Timeout | urllib3.exceptions.TimeoutError)
             if timed_out and not isinstance(reason, urllib3.exceptions.NewConnectionError):
                 raise SourceUnavailable(
-                    f"{self._where}: query timed out after {budget:.3g}s: {_short(expr)}"
+                    f"{self._where}: query timed out after {budget:.3g}s: {what}"
                 ) from exc
             raise SourceUnavailable(
                 f"{self._where}: {type(reason).__name__}: {redact_text(str(reason), urls=[self.url])}"
             ) from exc
         if body is None:
             raise SourceUnavailable(
-                f"{self._where}: query budget of {budget:.3g}s ran out while reading: {_short(expr)}"
+                f"{self._where}: query budget of {budget:.3g}s ran out while reading: {what}"
             )
-        return self._parse(expr, response.status_code, body)
+        return response.status_code, body
 
     def _parse(self, expr: str, status: int, body: bytes) -> QueryResult:
         try:

@@ -39,7 +39,14 @@ from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
-from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, text_exporter, wait_until
+from tests.services import (
+    PrometheusServer,
+    ScrapeTarget,
+    prometheus_server,
+    simulator_targets,
+    text_exporter,
+    wait_until,
+)
 
 pytestmark = pytest.mark.prometheus
 
@@ -242,15 +249,7 @@ def timeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Timeline]:
     engine = make_engine(db_url)
     factory: sessionmaker[Session] = make_sessionmaker(engine)
     with SimulatorServer(fleet, clock=clock) as sim, extra_exporter(fleet, clock) as extra:
-        targets = [
-            ScrapeTarget(
-                address=sim.address,
-                metrics_path=group["labels"]["__metrics_path__"],
-                job=group["labels"]["job"],
-                labels={k: v for k, v in group["labels"].items() if not k.startswith("__") and k != "job"},
-            )
-            for group in fleet.targets(sim.address)
-        ]
+        targets = simulator_targets(fleet.targets(sim.address), sim.address)
         targets.append(ScrapeTarget(address=extra, job="healer-test-extra", labels={"node": EXTRA}))
         with prometheus_server(targets, scrape_interval="1s") as prom:
             ruleset = shortened_ruleset([REPO / "rules"])

@@ -18,6 +18,7 @@ def test_defaults_give_a_working_local_setup(monkeypatch: pytest.MonkeyPatch) ->
     assert s.database.url.startswith("sqlite:///")
     assert s.safety.dry_run is True, "a new install records, it does not act"
     assert s.rules_paths == [Path("rules")]
+    assert s.detection.mode == "query", "healer queries Prometheus unless told to read its alerts"
 
 
 def test_file_then_environment_then_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,6 +36,7 @@ def test_file_then_environment_then_overrides(tmp_path: Path, monkeypatch: pytes
         ("safety: {max_unhealty: 3}\n", "safety.max_unhealty: Extra inputs are not permitted"),
         ("tickets: {provders: []}\n", "tickets.provders: Extra inputs are not permitted"),
         ("safty: {}\n", "safty: Extra inputs are not permitted"),
+        ("detection: {mode: push}\n", "detection.mode: Input should be 'query' or 'alerts'"),
         ("safety: {max_unhealthy: -1}\n", "safety.max_unhealthy: Input should be greater than or equal to 0"),
         ("database: {url: 'mysql://x'}\n", "database.url: Value error, only sqlite:// and postgresql"),
         (
@@ -55,3 +57,18 @@ def test_bad_settings_name_the_file_and_field(tmp_path: Path, text: str, problem
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
         load_settings(tmp_path / "nope.yaml")
+
+
+def test_detection_mode_picks_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    from healer import wiring
+    from healer.sources.alerts import PrometheusAlertsSource
+    from healer.sources.base import AlertStateSource
+
+    for key in [k for k in os.environ if k.startswith("HEALER_")]:
+        monkeypatch.delenv(key)
+    with wiring.prometheus_source(load_settings()) as query:
+        assert not isinstance(query, AlertStateSource)
+    settings = load_settings(detection={"mode": "alerts", "stale_after_intervals": 5})
+    with wiring.prometheus_source(settings) as alerts:
+        assert isinstance(alerts, PrometheusAlertsSource) and isinstance(alerts, AlertStateSource)
+        assert alerts.stale_after_intervals == 5
