@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.config import KubernetesSettings, SafetySettings, Settings
 from healer.controller import remediate
-from healer.model.findings import Finding, TickFindings
-from healer.model.states import FindingState
+from healer.model.findings import TickFindings
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.k8s_emulator import KubernetesEmulator, node
 from tests.services import postgres_server
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from controller_calls_bench import T0, hot  # the same finding, the same time
+
 RULES = RuleSet(
     groups=(
         RuleGroup(
@@ -75,23 +76,6 @@ def peak_rss_mib() -> float:
 
 def name(i: int) -> str:
     return f"gpu-node-{i:05d}"
-
-
-def hot(node_name: str) -> Finding:
-    return Finding(
-        rule="GpuTooHot",
-        series_key=f'GpuTooHot{{Hostname="{node_name}",gpu="3"}}',
-        node=node_name,
-        gpu="3",
-        state=FindingState.FIRING,
-        severity="critical",
-        value=91.5,
-        unit="degrees C",
-        labels={"Hostname": node_name, "gpu": "3"},
-        summary="GPU above 78 C",
-        active_since=T0 - timedelta(minutes=5),
-        fired_at=T0,
-    )
 
 
 class Fleet:

@@ -10,7 +10,7 @@ raw samples (rules/README.md, "Engines").
 
 The demo scenario: both engines scrape the same simulated fleet (64 nodes; hot GPU and thermal
 slowdown, Xid 45 noise, Xid 79 with the GPU falling off the bus, silent throttling, an NVLink
-burst, an InfiniBand link flapping three times, a dcgm-exporter restart) every 2 seconds. The
+burst, an InfiniBand link flapping three times, a dcgm-exporter restart) every 3 seconds. The
 simulator runs on a :class:`ManualClock`: the test moves scenario time to each checkpoint, waits
 until both engines hold a successful scrape of every answering target taken since (a scrape that
 failed under load would make a node's series vanish on one engine only), then sends every rule's
@@ -63,7 +63,7 @@ MUST_FIRE = {
 
 #: Seconds between scrapes (both engines). 128 targets every second is more than the simulator
 #: answers in time on a loaded 2-core machine.
-SCRAPE_INTERVAL = 2.0
+SCRAPE_INTERVAL = 3.0
 #: Seconds one query may take: the pack's heaviest rules on a loaded machine.
 QUERY_TIMEOUT = 60.0
 #: Seconds the engines get to agree on a rule at a checkpoint (new series' visibility, see below).
@@ -128,6 +128,18 @@ def test_the_default_pack_finds_the_same_nodes_on_prometheus_and_victoria_metric
             settle_by = time.monotonic() + SETTLE
             pending = list(pack)
             while pending:
+                # Both engines hold a successful scrape of every answering target from the last
+                # 1.5 intervals: a scrape that failed or came late under load makes a node's
+                # series vanish on one engine only (VictoriaMetrics looks back a few intervals,
+                # Prometheus 5 minutes), which is the machine's doing, not the rules'.
+                for source in (on_prom, on_vm):
+                    wait_until(
+                        lambda source=source, n=expected: (
+                            fresh_scrapes(source, time.time() - 2.5 * SCRAPE_INTERVAL) == n
+                        ),
+                        timeout=120,
+                        what=f"{expected} targets scraped in the last interval on {source.url}",
+                    )
                 answers = ask_both(pool, on_prom, on_vm, pending)
                 for name, (found_prom, found_vm) in answers.items():
                     fired.setdefault(name, set()).update(found_prom & found_vm)
@@ -144,9 +156,11 @@ def test_the_default_pack_finds_the_same_nodes_on_prometheus_and_victoria_metric
     assert disagreements == []
     for rule_name, node in MUST_FIRE.items():
         assert node in fired[rule_name], rule_name
-    # Xid 45 is application noise and the exporter restart is not the node's fault: no rule names
-    # those nodes on either engine.
-    assert not {n for nodes in fired.values() for n in nodes} & {"gpu-node-20", "gpu-node-50"}
+    # Xid 45 is application noise and the exporter restart is not the node's fault: no fault rule
+    # names those nodes on either engine; the restart is missing data (a no_data rule, notify only).
+    faults = {n for r in pack if r.kind == "fault" for n in fired[r.name]}
+    assert not faults & {"gpu-node-20", "gpu-node-50"}
+    assert "gpu-node-50" in fired["DcgmExporterSilent"]
 
 
 def ask_both(
