@@ -338,6 +338,7 @@ def run_demo(
     time_scale: float = 0.1,
     database_url: str | None = None,
     report_every: float = 15.0,
+    real_node_exporter: bool = True,
 ) -> DemoSummary:
     """Run the demo until ``duration`` seconds have passed (None: until Ctrl-C); print progress."""
     port = port or free_port()
@@ -349,7 +350,12 @@ def run_demo(
                 f"error: port {port} is in use; pass --port N (or --port 0 for any free port)"
             ) from None
     with demo_environment(
-        workdir=workdir, nodes=nodes, port=port, time_scale=time_scale, database_url=database_url
+        workdir=workdir,
+        nodes=nodes,
+        port=port,
+        time_scale=time_scale,
+        database_url=database_url,
+        real_node_exporter=real_node_exporter,
     ) as env:
         settings, sessions, dashboard = env.settings, env.sessions, env.dashboard
         print(f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook")

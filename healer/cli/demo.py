@@ -28,6 +28,13 @@ def demo(
     database_url: Annotated[
         str | None, typer.Option(help="Database URL (default: SQLite in the workdir).")
     ] = None,
+    real_node_exporter: Annotated[
+        bool,
+        typer.Option(
+            help="InfiniBand series from one real node_exporter per node on simulated sysfs trees "
+            "(when installed); --no-real-node-exporter: the simulator serves them."
+        ),
+    ] = True,
 ) -> None:
     """Run healer on a simulated 64-node GPU fleet with real Prometheus: watch it quarantine, drain,
     ticket and return nodes in the dashboard."""
@@ -44,4 +51,5 @@ def demo(
         duration=duration,
         time_scale=time_scale,
         database_url=database_url,
+        real_node_exporter=real_node_exporter,
     )

@@ -83,3 +83,26 @@ def test_faults_read_as_the_kernel_reports_them(served: tuple[Fleet, SysfsTree, 
     assert value("state_id", "mlx5_4") == 1 and value("link_downed_total", "mlx5_4") == 3  # management
     info = {dict(k[1])["device"]: dict(k[1])["hca_type"] for k in real if k[0] == "node_infiniband_info"}
     assert info == {"mlx5_0": "MT4129", "mlx5_1": "MT4129", "mlx5_3": "MT4129", "mlx5_4": "MT4125"}
+
+
+def test_one_real_node_exporter_per_node_follows_the_clock(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from healer_dev.simulator import ManualClock
+    from healer_dev.simulator.sysfs import real_node_exporters
+
+    scenario = parse_scenario(yaml.safe_dump({"faults": [{"node": NODE, **f} for f in FAULTS]}))
+    fleet = Fleet(FleetConfig(nodes=3, hcas=4, management_hcas=1, seed=3, idle_fraction=0.0), scenario)
+    clock = ManualClock(5.0)
+    with real_node_exporters(fleet, clock, tmp_path_factory.mktemp("fleet"), interval=0.2) as addresses:
+        assert set(addresses) == set(fleet.node_names)
+        clock.set(400.0)
+
+        def caught_up() -> bool:
+            return all(
+                series(httpx.get(f"http://{a}/metrics", timeout=5).text)
+                == series(fleet.render_node(n, 400.0))
+                for n, a in addresses.items()
+            )
+
+        from healer_dev.prometheus import wait_until
+
+        wait_until(caught_up, timeout=20, what="every node_exporter at t=400")
