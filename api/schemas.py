@@ -196,7 +196,11 @@ class RuleOut(BaseModel):
     kind: str
     actions: list[str]
     health: str | None = Field(
-        default=None, description="ok, no_data, error, unavailable; null: never evaluated."
+        default=None,
+        description=(
+            "ok, no_data, degraded (some series name no node: last_error gives the count and an "
+            "example), error, unavailable; null: never evaluated."
+        ),
     )
     last_error: Redacted | None = None
     last_evaluated_at: datetime | None = None

@@ -18,7 +18,16 @@ from sqlalchemy.orm import Session
 
 from api import charts, operator, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
-from api.deps import IdentityDep, NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, require_operator
+from api.deps import (
+    FleetQueryDep,
+    IdentityDep,
+    NowDep,
+    RowId,
+    RuleSetDep,
+    SessionDep,
+    SettingsDep,
+    require_operator,
+)
 from api.errors import ApiError
 from api.rendering import render
 from api.schemas import NodeDetail
@@ -109,16 +118,11 @@ def fleet(
     ruleset: RuleSetDep,
     settings: SettingsDep,
     _who: IdentityDep,
-    state: str | None = None,
-    pool: str | None = None,
-    rule: str | None = None,
-    q: str | None = None,
-    cursor: str | None = None,
+    query: FleetQueryDep,
 ) -> Response:
     """Nodes needing attention first, then counts, switches and budgets, the nodes that are not
     healthy, and rule health; the content refreshes itself (``/fragments/fleet``)."""
-    filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
+    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor)
     return render(request, "fleet.html", {**context, "done": _done(request)})
 
 
@@ -130,15 +134,10 @@ def fleet_fragment(
     ruleset: RuleSetDep,
     settings: SettingsDep,
     _who: IdentityDep,
-    state: str | None = None,
-    pool: str | None = None,
-    rule: str | None = None,
-    q: str | None = None,
-    cursor: str | None = None,
+    query: FleetQueryDep,
 ) -> Response:
     """The fleet page's content alone (HTML), for its refresh without a full reload."""
-    filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
+    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor)
     return render(request, "_fleet_live.html", context)
 
 

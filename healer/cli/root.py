@@ -34,7 +34,8 @@ EPILOG = (
     "  0  done\n"
     "  1  the command failed or does not apply: no database schema (run `healer db upgrade`),\n"
     "     unknown node or ticket, invalid rule files, Prometheus unavailable (evaluate)\n"
-    "  2  bad usage, invalid settings or rules (evaluate: also no database schema)\n"
+    "  2  bad usage, invalid settings or rules (evaluate: also no database schema, or a rule\n"
+    "     degraded: some of its series name no node)\n"
     "  3  evaluate: a rule is broken (Prometheus refused its PromQL)\n"
     "`healer run` and `healer serve` exit 0 on SIGTERM or SIGINT after a clean shutdown."
 )
