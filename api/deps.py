@@ -14,6 +14,7 @@ from api.auth import Auth, Identity
 from api.errors import ApiError
 from healer.config import Settings
 from healer.ruleset.schema import RuleSet
+from healer.sources.prometheus_range import PrometheusRange
 
 #: A row id in a path (a ticket's): 1 .. 2**31-1, what the database's ``integer`` holds. Anything
 #: else is a 400 before a query runs.
@@ -81,6 +82,12 @@ class FleetQuery:
         return {"state": self.state, "pool": self.pool, "rule": self.rule, "q": self.q}
 
 
+def get_prometheus(request: Request) -> PrometheusRange:
+    """The dashboard's Prometheus adapter (range queries with a short timeout)."""
+    prometheus: PrometheusRange = request.app.state.prometheus
+    return prometheus
+
+
 def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
@@ -92,5 +99,6 @@ OperatorDep = Annotated[Identity, Depends(require_operator)]
 NowDep = Annotated[datetime, Depends(get_now)]
 RuleSetDep = Annotated[RuleSet | None, Depends(get_ruleset)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+PrometheusDep = Annotated[PrometheusRange, Depends(get_prometheus)]
 #: FastAPI reads a dataclass dependency's fields as query parameters.
 FleetQueryDep = Annotated[FleetQuery, Depends(FleetQuery)]

@@ -22,6 +22,7 @@ from api.deps import (
     FleetQueryDep,
     IdentityDep,
     NowDep,
+    PrometheusDep,
     RowId,
     RuleSetDep,
     SessionDep,
@@ -29,6 +30,7 @@ from api.deps import (
     require_operator,
 )
 from api.errors import ApiError
+from api.exporter_inputs import check_inputs, with_inputs
 from api.rendering import render
 from api.schemas import NodeDetail
 from healer.config import Settings
@@ -215,12 +217,19 @@ def tickets_page(request: Request, session: SessionDep, now: NowDep, _who: Ident
 
 @router.get("/rules")
 def rules_page(
-    request: Request, session: SessionDep, now: NowDep, ruleset: RuleSetDep, _who: IdentityDep
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    prometheus: PrometheusDep,
+    _who: IdentityDep,
 ) -> Response:
-    """The loaded rule set with health, and the errors of a rejected reload."""
-    return render(
-        request, "rules.html", {"r": queries.rules_page(session, ruleset=ruleset, now=now), "now": now}
+    """The loaded rule set with health, rules whose input metrics no target exports, and the
+    errors of a rejected reload."""
+    page = with_inputs(
+        queries.rules_page(session, ruleset=ruleset, now=now), check_inputs(prometheus, ruleset, now=now)
     )
+    return render(request, "rules.html", {"r": page, "now": now})
 
 
 @router.get("/audit")

@@ -61,7 +61,7 @@ class KubernetesAddresses:
                 status, spec = pod.status, pod.spec
                 if status is None or spec is None or not spec.node_name or status.phase in FINISHED_PHASES:
                     continue
-                ips = [p.ip for p in status.pod_i_ps or [] if p.ip] or (
+                ips = [p.ip for p in status.pod_ips or [] if p.ip] or (
                     [status.pod_ip] if status.pod_ip else []
                 )
                 pods.append((spec.node_name, ips))

@@ -12,7 +12,9 @@ parser: selectors, binary operators with their modifiers, aggregations, calls, r
 - :func:`missing_inputs`: the inputs that must appear for the expression to return anything:
   ``a or b`` needs only one side; ``a unless b`` needs only ``a`` (``b`` is an exception list);
   ``absent(x)`` needs nothing; every other operator and call needs all its operands;
-- :func:`optional_absent`: absent inputs the expression does without (a fallback is used).
+- :func:`optional_absent`: absent inputs the expression does without (a fallback is used);
+- :func:`check_rules`: per rule, its absent inputs, told apart as required, optional, or an
+  event metric (:data:`EVENT_METRICS`: absent on a healthy fleet until the first event).
 
 Pure; no Prometheus round trip (Prometheus 2.42 has no parse endpoint). Raises
 :class:`PromqlSyntax` on text it cannot read (promtool checks the syntax at load time).
@@ -21,8 +23,8 @@ Pure; no Prometheus round trip (Prometheus 2.42 has no parse endpoint). Raises
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 #: Aggregation operators (they take ``by``/``without`` before or after their arguments).
 AGGREGATIONS = frozenset(
@@ -58,6 +60,14 @@ _TOKEN = re.compile(
 )
 _NAME_MATCHER = re.compile(r"""__name__\s*(=~|=)\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)""")
 _ALTERNATIVES = re.compile(rf"{_NAME}(?:\|{_NAME})*")
+
+
+#: Metrics an exporter emits only once something happened: absent fleet-wide is normal for them
+#: (reference: exporters-real.md, dcgm-exporter "Xid").
+EVENT_METRICS: Mapping[str, str] = {
+    "DCGM_FI_DEV_XID_ERRORS": "dcgm-exporter 4.4.1+ emits no Xid series until a GPU's first Xid",
+    "DCGM_EXP_XID_ERRORS_COUNT": "one series per Xid seen in the window: none while no GPU had an Xid",
+}
 
 
 class PromqlSyntax(ValueError):
@@ -305,3 +315,46 @@ def optional_absent(expr: str, present: Iterable[str]) -> list[Input]:
 def metric_names(exprs: Sequence[str]) -> set[str]:
     """Every metric name the expressions name (each alternative counted)."""
     return {name for expr in exprs for i in inputs(expr) for name in i.names}
+
+
+@dataclass(frozen=True)
+class RuleInputs:
+    """One rule's inputs that no target exports fleet-wide.
+
+    ``required``: the rule cannot see anything until one of each appears (it finds nothing now);
+    ``optional``: absent, and the rule does without (a fallback branch is used); ``events``:
+    absent event metrics (:data:`EVENT_METRICS`), normal on a healthy fleet.
+    """
+
+    rule: str
+    required: list[Input] = field(default_factory=list)
+    optional: list[Input] = field(default_factory=list)
+    events: list[Input] = field(default_factory=list)
+
+    @property
+    def blind(self) -> bool:
+        """True when the rule reads a required metric no target exports: it can find nothing."""
+        return bool(self.required)
+
+
+def _is_event(i: Input) -> bool:
+    return all(n in EVENT_METRICS for n in i.names)
+
+
+def check_rule(name: str, expr: str, present: Iterable[str]) -> RuleInputs:
+    """The inputs of rule ``name`` absent given the metric names ``present`` fleet-wide."""
+    names = frozenset(present)
+    missing = missing_inputs(expr, names)
+    return RuleInputs(
+        rule=name,
+        required=[i for i in missing if not _is_event(i)],
+        optional=optional_absent(expr, names),
+        events=[i for i in missing if _is_event(i)],
+    )
+
+
+def presence_query(exprs: Sequence[str]) -> str:
+    """One instant query whose result has one series per metric name of ``exprs`` present now
+    (``group by (__name__) ({__name__=~"A|B|..."})``): the names are its ``__name__`` labels."""
+    names = sorted(metric_names(exprs))
+    return f'group by (__name__) ({{__name__=~"{"|".join(names)}"}})'
