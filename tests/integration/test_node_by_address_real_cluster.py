@@ -10,12 +10,16 @@ scraped three times under three ``instance`` values, as three nodes' exporters w
 - ``<podIP>:9100``: a node-exporter pod KWOK runs on another node (pod network);
 - ``10.99.<n>.1:9100``: an address no Node and no exporter pod has: the rule is degraded, and
   ``healer evaluate --once`` says so and exits 2.
+
+Then ``healer run`` (acting, not dry-run) quarantines the two resolved nodes on the real control
+plane, and its ``/metrics`` and Rules page say the rule is degraded.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -23,7 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 
@@ -36,9 +42,10 @@ from healer.engine.states import RuleHealth
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus import PrometheusSource
+from tests.helm import NAMESPACE
 from tests.kube_cluster import ControlPlane
 from tests.node_exporter import node_exporter
-from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
+from tests.services import PrometheusServer, ScrapeTarget, free_port, prometheus_server, wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -196,3 +203,76 @@ def test_evaluate_once_reports_degraded_and_exits_2(scene: Scene) -> None:
     line = next(x for x in table.stdout.splitlines() if x.startswith(RULE))
     assert line.split()[2] == "degraded"
     assert f"{RULE}: 1 series, e.g. instance={scene.instances['nowhere']}" in table.stdout
+
+
+def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
+    scene: Scene, tmp_path: Path, kube_admin: ApiClient
+) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    pack = (REPO / "rules" / "infiniband.yaml").read_text()
+    only = {"groups": [{"name": "infiniband", "interval": "2s", "rules": []}]}
+    for rule in yaml.safe_load(pack)["groups"][0]["rules"]:
+        if rule["name"] == RULE:  # acted on at once, quarantine only (no drain, no ticket)
+            only["groups"][0]["rules"].append({**rule, "for": "0s", "actions": ["quarantine"]})
+    (rules / "ib.yaml").write_text(yaml.safe_dump(only))
+    port = free_port()
+    config = tmp_path / "healer.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "rules_paths": [str(rules)],
+                "database": {"url": f"sqlite:///{tmp_path / 'healer.db'}"},
+                "prometheus": {"url": scene.prom.url, "tick_deadline_seconds": 5},
+                "kubernetes": {
+                    "kubeconfig": str(scene.kubeconfig),
+                    "namespace": NAMESPACE,
+                    "lease_name": f"healer-{uuid.uuid4().hex[:6]}",
+                    "renew_interval_seconds": 1,
+                    "exporter_pod_selector": SELECTOR,
+                },
+                "safety": {
+                    "dry_run": False,
+                    "max_unhealthy": 10,
+                    "max_unhealthy_percent": 100,
+                    "breaker_nodes": 10,
+                    "breaker_percent": 100,
+                },
+                "api": {"port": port},
+            }
+        )
+    )
+    log = tmp_path / "healer.log"
+    env = {key: value for key, value in os.environ.items() if key != "KUBERNETES_SERVICE_HOST"}
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "healer", "--config", str(config), "run", "--upgrade-db"],
+            stdout=out,
+            stderr=out,
+            env={**env, "POD_NAME": "healer-by-address"},
+        )
+    core = k8s.CoreV1Api(kube_admin)
+    try:
+
+        def cordoned() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"healer run exited {process.returncode}:\n{log.read_text()[-3000:]}")
+            return all(core.read_node(n).spec.unschedulable for n in (scene.hostnet_node, scene.podnet_node))
+
+        wait_until(cordoned, timeout=90, what="both resolved nodes cordoned by healer run")
+        base = f"http://127.0.0.1:{port}"
+        metrics = httpx.get(f"{base}/metrics", timeout=10).text
+        samples = dict(re.findall(r"^(\S+) (\S+)$", metrics, flags=re.M))
+        assert samples[f'healer_rule_health{{health="degraded",rule="{RULE}"}}'] == "1.0"
+        nowhere = scene.instances["nowhere"]
+        assert (
+            samples[f'healer_rule_unresolved_series{{example_instance="{nowhere}",rule="{RULE}"}}'] == "1.0"
+        )
+        page = httpx.get(f"{base}/rules", timeout=10).text
+        assert '<span class="health health-degraded">degraded</span>' in page
+        assert "1 series without a node label" in page
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        for name in (scene.hostnet_node, scene.podnet_node):
+            core.patch_node(name, {"spec": {"unschedulable": False}})
