@@ -388,9 +388,7 @@ class KubernetesNodeActions:
         }
         with api_call(f"record event {reason} on node {name}"):
             self.events.create_namespaced_event(
-                EVENT_NAMESPACE,
-                body,
-                _request_timeout=self._timeout,  # type: ignore[arg-type]
+                EVENT_NAMESPACE, body, _request_timeout=self._timeout  # type: ignore[arg-type]
             )
 
     def drain_step(

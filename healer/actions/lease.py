@@ -171,10 +171,7 @@ class LeaderElector:
         with api_call(f"{what} lease {self.namespace}/{self.name}"):
             # A dict body (the client validates it into V1Lease; see healer.actions.timestamps).
             self.api.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                body,
-                _request_timeout=self._timeout,  # type: ignore[arg-type]
+                self.name, self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
             )
 
     def _try(self, now: datetime) -> bool:
@@ -191,9 +188,7 @@ class LeaderElector:
             )
             with api_call(f"create lease {self.namespace}/{self.name}"):
                 self.api.create_namespaced_lease(
-                    self.namespace,
-                    body,
-                    _request_timeout=self._timeout,  # type: ignore[arg-type]
+                    self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
                 )
             return self._win(now, 0)
         spec = lease.spec or k8s.V1LeaseSpec()
