@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated
 
@@ -63,6 +64,30 @@ def get_ruleset(request: Request) -> RuleSet | None:
     return provider() if provider is not None else None
 
 
+@dataclass(frozen=True)
+class FleetQuery:
+    """The fleet page's query parameters, shared by ``/`` and its fragment ``/fragments/fleet``:
+    ``state`` (a lifecycle state; none = every node not healthy), ``pool``, ``rule`` (nodes with a
+    finding of it), ``q`` (text in the node name) and ``cursor`` (the next page's)."""
+
+    state: str | None = None
+    pool: str | None = None
+    rule: str | None = None
+    q: str | None = None
+    cursor: str | None = None
+
+    @property
+    def filters(self) -> dict[str, str | None]:
+        """The filters alone (no cursor), as the links and the template use them."""
+        return {"state": self.state, "pool": self.pool, "rule": self.rule, "q": self.q}
+
+
+def get_prometheus(request: Request) -> PrometheusRange:
+    """The dashboard's Prometheus adapter (range queries with a short timeout)."""
+    prometheus: PrometheusRange = request.app.state.prometheus
+    return prometheus
+
+
 def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
@@ -81,3 +106,6 @@ NowDep = Annotated[datetime, Depends(get_now)]
 RuleSetDep = Annotated[RuleSet | None, Depends(get_ruleset)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 HistoryDep = Annotated[PrometheusRange, Depends(get_history)]
+PrometheusDep = Annotated[PrometheusRange, Depends(get_prometheus)]
+#: FastAPI reads a dataclass dependency's fields as query parameters.
+FleetQueryDep = Annotated[FleetQuery, Depends(FleetQuery)]

@@ -200,7 +200,11 @@ class RuleOut(BaseModel):
     kind: str
     actions: list[str]
     health: str | None = Field(
-        default=None, description="ok, no_data, error, unavailable; null: never evaluated."
+        default=None,
+        description=(
+            "ok, no_data, degraded (some series name no node: last_error gives the count and an "
+            "example), error, unavailable; null: never evaluated."
+        ),
     )
     last_error: Redacted | None = None
     last_evaluated_at: datetime | None = None
@@ -208,6 +212,14 @@ class RuleOut(BaseModel):
     series: int | None = None
     firing_nodes: int = 0
     pending_nodes: int = 0
+    absent_inputs: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Metrics the rule needs that no target exports now (alternatives joined by ' or '): "
+            "the rule finds nothing until one appears. `healer doctor exporters` names the "
+            "counters CSV line that adds each."
+        ),
+    )
 
 
 class RejectedReload(BaseModel):
@@ -221,6 +233,10 @@ class RulesOut(BaseModel):
     sources: list[str] = Field(default_factory=list)
     rules: list[RuleOut]
     rejected: list[RejectedReload] = Field(default_factory=list, description="Failed reloads, newest last.")
+    inputs_error: str | None = Field(
+        default=None,
+        description="Why the rules' input metrics could not be checked against Prometheus; null: checked.",
+    )
 
 
 class BreakerOut(BaseModel):

@@ -103,6 +103,15 @@ class KubernetesSettings(_Group):
         ),
     )
     request_timeout_seconds: float = Field(10.0, gt=0)
+    exporter_pod_selector: str = Field(
+        "app.kubernetes.io/name in (prometheus-node-exporter, node-exporter, dcgm-exporter)",
+        description=(
+            "Label selector of the exporter pods (all namespaces) whose podIP names their node for "
+            "series without a node label (node_exporter adds none; `instance` is podIP:port). The "
+            "default matches the prometheus-node-exporter and dcgm-exporter Helm charts; '' = look "
+            "at Node addresses (InternalIP, Hostname) only."
+        ),
+    )
     drain_skip_wait_for_delete_timeout_seconds: float = Field(
         300.0,
         ge=0,

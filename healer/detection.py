@@ -4,6 +4,8 @@
 
     source.query(rule.expr, at=now)  once per rule, at most ``concurrency`` at a time,
                                      within the tick's deadline
+        → addresses()          once, only when a series names no node (its `instance` host is
+                               looked up among the cluster's Node and exporter pod addresses)
         → evaluate(ruleset, results, previous state, now)      (pure)
         → record_reports + record_changes                      (one transaction)
         → DetectionResult(findings for the lifecycle, state for the next tick, ...)
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,8 +42,10 @@ from healer.engine.evaluation import (
     QueryResult,
     RuleReport,
     evaluate,
+    needs_addresses,
 )
-from healer.errors import SourceError
+from healer.errors import HealerError, SourceError
+from healer.model.addresses import AddressBook, failed_book
 from healer.model.findings import TickFindings
 from healer.model.states import RuleHealth
 from healer.ruleset.schema import Rule, RuleSet
@@ -85,6 +89,7 @@ def run_detection(
     deadline: Deadline | None = None,
     due_groups: Collection[str] | None = None,
     concurrency: int = 4,
+    addresses: Callable[[], AddressBook] | None = None,
 ) -> DetectionResult:
     """Query, evaluate and record one tick at ``now`` (aware UTC; also the queries' ``time=``).
 
@@ -100,6 +105,10 @@ def run_detection(
     groups' rules are not queried and keep their state. None = every group.
 
     ``concurrency``: how many queries may be in flight at once (1 = one after another).
+
+    ``addresses``: reads the cluster's address book (the Kubernetes adapter); called at most once,
+    and only when some series names no node by its labels. A failure (``HealerError``) is reported
+    in those rules' unresolved series. None = series without a node label stay unresolved.
 
     Source failures never raise: they become unavailable/error reports and frozen rules.
     Database errors (SQLAlchemy) propagate: the tick owns that boundary.
@@ -131,8 +140,21 @@ def run_detection(
                     ):  # None: the deadline passed first; evaluate() reports it unavailable
                         results[rule.name], durations[rule.name] = answer
         queries = len(results)
+    book = None
+    if addresses is not None and needs_addresses(ruleset, results):
+        try:
+            book = addresses()
+        except HealerError as exc:
+            log.warning("node addresses could not be read: %s", exc)
+            book = failed_book(str(exc))
     evaluation = evaluate(
-        ruleset=ruleset, results=results, previous=state, now=now, durations=durations, not_due=not_due
+        ruleset=ruleset,
+        results=results,
+        previous=state,
+        now=now,
+        durations=durations,
+        not_due=not_due,
+        addresses=book,
     )
     for report in evaluation.reports:
         if report.cleaned:

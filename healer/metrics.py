@@ -26,6 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.model.findings import UnresolvedSeries
 from healer.model.states import FindingState, NodeState, OutboxStatus, RuleHealth
 from healer.store import nodes as repo
 from healer.store.models import Finding, Incident, Node, OutboxMessage
@@ -55,7 +56,8 @@ class HealerMetrics:
         )
         self.rule_health = Gauge(
             "healer_rule_health",
-            "1 for the health of each rule's last evaluation (ok, no_data, error, unavailable), else 0.",
+            "1 for the health of each rule's last evaluation (ok, no_data, degraded, error, "
+            "unavailable), else 0.",
             ["rule", "health"],
             registry=self.registry,
         )
@@ -71,6 +73,15 @@ class HealerMetrics:
             ["kind", "result"],
             registry=self.registry,
         )
+        self.unresolved_series = Gauge(
+            "healer_rule_unresolved_series",
+            "Series of each rule's last evaluation that name no node (no node label, and their "
+            "instance address is no Node's and no exporter pod's): they can act on nothing. "
+            "example_instance is one of their instance labels.",
+            ["rule", "example_instance"],
+            registry=self.registry,
+        )
+        self._unresolved_example: dict[str, str] = {}
         self.label_values_cleaned = Counter(
             "healer_label_values_cleaned",
             "Series evaluated with label values cleaned first (NUL, invalid text, overlong node "
@@ -84,6 +95,17 @@ class HealerMetrics:
         (NUL, invalid text, overlong node names; see :mod:`healer.engine.labels`)."""
         if series:
             self.label_values_cleaned.labels(rule=rule).inc(series)
+
+    def set_unresolved(self, rule: str, unresolved: UnresolvedSeries | None) -> None:
+        """Record how many series of ``rule`` named no node (0 when ``unresolved`` is None), with
+        one example ``instance``; the previous example's series is removed."""
+        example = (unresolved.example_instance or "") if unresolved is not None else ""
+        previous = self._unresolved_example.get(rule)
+        if previous is not None and previous != example:
+            self.unresolved_series.remove(rule, previous)
+        self._unresolved_example[rule] = example
+        count = unresolved.count if unresolved is not None else 0
+        self.unresolved_series.labels(rule=rule, example_instance=example).set(count)
 
     def observe_tick(self, *, duration_seconds: float, ok: bool = True) -> None:
         """Count one tick and record its duration (seconds)."""

@@ -8,6 +8,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     engine, sessions    the configured database (``database`` also checks or migrates the schema)
     prometheus_source   the detection source
     node_actions        the Kubernetes adapter, or its dry-run recorder
+    address_lookup      the cluster's node and exporter pod addresses (series without a node label)
     dashboard           the FastAPI app with its chart source, metrics and clock
     build_process       the controller and its dashboard (``healer run``, the demo)
 """
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.controller import Controller
     from healer.metrics import HealerMetrics
+    from healer.model.addresses import AddressBook
     from healer.ruleset.schema import RuleSet
     from healer.sources.prometheus import PrometheusSource
     from healer.sources.prometheus_range import PrometheusRange
@@ -162,6 +164,24 @@ def node_actions(
     return cluster, cluster
 
 
+def address_lookup(settings: Settings) -> Callable[[], AddressBook]:
+    """Reads the cluster's address book (:class:`~healer.actions.addresses.KubernetesAddresses`)
+    for ``healer evaluate``: the Kubernetes configuration is loaded at the first call, so a rule
+    set whose series all carry a node label needs no cluster. Raises ``ConfigError`` (no usable
+    configuration) or ``KubernetesError`` from the call."""
+    from healer.actions.addresses import KubernetesAddresses
+    from healer.actions.kubernetes import make_api_client
+
+    def lookup() -> AddressBook:
+        api_client = make_api_client(settings.kubernetes)
+        try:
+            return KubernetesAddresses(api_client, settings.kubernetes).address_book()
+        finally:
+            api_client.close()
+
+    return lookup
+
+
 def dashboard(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -228,6 +248,7 @@ def build_process(
         ConfigError: acting (``safety.dry_run`` off) while a rule names a ticket provider that is
             not configured, without ``safety.allow_missing_providers``.
     """
+    from healer.actions.addresses import KubernetesAddresses
     from healer.actions.kubernetes import make_api_client
     from healer.actions.lease import LeaderElector
     from healer.controller import Controller
@@ -254,6 +275,7 @@ def build_process(
         fleet=cluster.node_pools,
         node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
+        addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
     )
     app = dashboard(
         settings,

@@ -17,7 +17,17 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from api import operator, queries
 from api.auth import CSRF_HEADER, Auth, Identity
-from api.deps import NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, get_identity, require_operator
+from api.deps import (
+    NowDep,
+    PrometheusDep,
+    RowId,
+    RuleSetDep,
+    SessionDep,
+    SettingsDep,
+    get_identity,
+    require_operator,
+)
+from api.exporter_inputs import check_inputs, with_inputs
 from api.schemas import (
     ActionOut,
     ErrorBody,
@@ -167,9 +177,11 @@ def list_tickets(
 
 
 @router.get("/rules", response_model=RulesOut, summary="Rule set and health")
-def list_rules(session: SessionDep, now: NowDep, ruleset: RuleSetDep) -> RulesOut:
-    """The loaded rules with their last evaluation, firing nodes, and rejected reloads."""
-    return queries.rules_page(session, ruleset=ruleset, now=now)
+def list_rules(session: SessionDep, now: NowDep, ruleset: RuleSetDep, prometheus: PrometheusDep) -> RulesOut:
+    """The loaded rules with their last evaluation, firing nodes, input metrics no target exports,
+    and rejected reloads."""
+    page = queries.rules_page(session, ruleset=ruleset, now=now)
+    return with_inputs(page, check_inputs(prometheus, ruleset, now=now))
 
 
 @router.get("/audit", response_model=Page[ActionOut], summary="Audit log")

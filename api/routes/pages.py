@@ -18,8 +18,19 @@ from sqlalchemy.orm import Session
 
 from api import charts, operator, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
-from api.deps import IdentityDep, NowDep, RowId, RuleSetDep, SessionDep, SettingsDep, require_operator
+from api.deps import (
+    FleetQueryDep,
+    IdentityDep,
+    NowDep,
+    PrometheusDep,
+    RowId,
+    RuleSetDep,
+    SessionDep,
+    SettingsDep,
+    require_operator,
+)
 from api.errors import ApiError
+from api.exporter_inputs import check_inputs, with_inputs
 from api.rendering import render
 from api.schemas import NodeDetail
 from healer.config import Settings
@@ -109,16 +120,11 @@ def fleet(
     ruleset: RuleSetDep,
     settings: SettingsDep,
     _who: IdentityDep,
-    state: str | None = None,
-    pool: str | None = None,
-    rule: str | None = None,
-    q: str | None = None,
-    cursor: str | None = None,
+    query: FleetQueryDep,
 ) -> Response:
     """Nodes needing attention first, then counts, switches and budgets, the nodes that are not
     healthy, and rule health; the content refreshes itself (``/fragments/fleet``)."""
-    filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
+    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor)
     return render(request, "fleet.html", {**context, "done": _done(request)})
 
 
@@ -130,15 +136,10 @@ def fleet_fragment(
     ruleset: RuleSetDep,
     settings: SettingsDep,
     _who: IdentityDep,
-    state: str | None = None,
-    pool: str | None = None,
-    rule: str | None = None,
-    q: str | None = None,
-    cursor: str | None = None,
+    query: FleetQueryDep,
 ) -> Response:
     """The fleet page's content alone (HTML), for its refresh without a full reload."""
-    filters = {"state": state, "pool": pool, "rule": rule, "q": q}
-    context = _fleet_context(session, now, ruleset, settings, filters, cursor)
+    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor)
     return render(request, "_fleet_live.html", context)
 
 
@@ -216,12 +217,19 @@ def tickets_page(request: Request, session: SessionDep, now: NowDep, _who: Ident
 
 @router.get("/rules")
 def rules_page(
-    request: Request, session: SessionDep, now: NowDep, ruleset: RuleSetDep, _who: IdentityDep
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    prometheus: PrometheusDep,
+    _who: IdentityDep,
 ) -> Response:
-    """The loaded rule set with health, and the errors of a rejected reload."""
-    return render(
-        request, "rules.html", {"r": queries.rules_page(session, ruleset=ruleset, now=now), "now": now}
+    """The loaded rule set with health, rules whose input metrics no target exports, and the
+    errors of a rejected reload."""
+    page = with_inputs(
+        queries.rules_page(session, ruleset=ruleset, now=now), check_inputs(prometheus, ruleset, now=now)
     )
+    return render(request, "rules.html", {"r": page, "now": now})
 
 
 @router.get("/audit")

@@ -1,8 +1,13 @@
 """``healer evaluate --once``: one detection tick against the configured Prometheus, printed.
 
 Exit status: 0 every rule evaluated; 1 the source was unavailable for at least one rule (timeout,
-5xx, transport error, deadline); 2 bad settings, rules or database; 3 a rule is broken (the source
-refused its PromQL).
+5xx, transport error, deadline); 2 bad settings, rules or database, or a rule is degraded (some of
+its series name no node: no node label, and their ``instance`` address is no Node's and no exporter
+pod's); 3 a rule is broken (the source refused its PromQL).
+
+Series without a node label are looked up by their ``instance`` address in the cluster (Node
+InternalIP, exporter pod IPs; :mod:`healer.model.addresses`), with the configured kubeconfig or
+in-cluster account, and only when such series exist.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ def evaluate(
             state=initial_state(factory),
             now=wiring.utc_now(),
             concurrency=settings.prometheus.max_concurrent_queries,
+            addresses=wiring.address_lookup(settings),
         )
     if not emit(as_json(result), chosen(output, format_alias=format_alias)):
         typer.echo(as_table(result))
@@ -74,6 +80,8 @@ def evaluate(
         raise typer.Exit(1)
     if RuleHealth.ERROR in healths:
         raise typer.Exit(3)
+    if RuleHealth.DEGRADED in healths:
+        raise typer.Exit(2)
 
 
 def _findings(result: DetectionResult) -> list[Finding]:
@@ -138,6 +146,17 @@ def as_table(result: DetectionResult) -> str:
             ]
         )
     out += ["", columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
+    degraded = [r for r in result.reports if r.unresolved is not None]
+    if degraded:
+        out += [
+            "",
+            "degraded: series that name no node act on nothing; give them a node label or an address:",
+        ]
+        out += [
+            f"  {r.rule}: {r.unresolved.count} series, e.g. instance={r.unresolved.example_instance or '-'}"
+            for r in degraded
+            if r.unresolved is not None
+        ]
     return "\n".join(out)
 
 
@@ -181,8 +200,16 @@ def as_json(result: DetectionResult) -> dict[str, Any]:
                 "firing": r.firing,
                 "duration_seconds": r.duration_seconds,
                 "warnings": r.warnings,
+                "by_address": r.by_address,
                 "unresolved": (
-                    {"count": r.unresolved.count, "example": r.unresolved.example} if r.unresolved else None
+                    {
+                        "count": r.unresolved.count,
+                        "example": r.unresolved.example,
+                        "example_instance": r.unresolved.example_instance,
+                        "why": r.unresolved.why,
+                    }
+                    if r.unresolved
+                    else None
                 ),
             }
             for r in result.reports

@@ -17,6 +17,7 @@ from healer.cli import (
     breaker,
     db,
     demo,
+    doctor,
     evaluate,
     node,
     pause,
@@ -34,8 +35,10 @@ EPILOG = (
     "  0  done\n"
     "  1  the command failed or does not apply: no database schema (run `healer db upgrade`),\n"
     "     unknown node or ticket, invalid rule files, Prometheus unavailable (evaluate)\n"
-    "  2  bad usage, invalid settings or rules (evaluate: also no database schema)\n"
-    "  3  evaluate: a rule is broken (Prometheus refused its PromQL)\n"
+    "  2  bad usage, invalid settings or rules (evaluate: also no database schema, or a rule\n"
+    "     degraded: some of its series name no node)\n"
+    "  3  evaluate: a rule is broken (Prometheus refused its PromQL); doctor exporters: a rule\n"
+    "     reads a metric no target exports\n"
     "`healer run` and `healer serve` exit 0 on SIGTERM or SIGINT after a clean shutdown."
 )
 
@@ -71,6 +74,7 @@ def main(
 
 app.add_typer(db.app, name="db")
 app.add_typer(rules.app, name="rules")
+app.add_typer(doctor.app, name="doctor")
 app.command("simulate")(simulate.simulate)
 app.add_typer(ticket.app, name="ticket")
 app.command("provider-receiver")(provider_receiver.provider_receiver)

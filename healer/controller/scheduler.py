@@ -44,6 +44,7 @@ from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError, NotLeader
 from healer.metrics import HealerMetrics
+from healer.model.addresses import AddressBook
 from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
@@ -131,6 +132,8 @@ class Controller:
     #: Every node → its labels (for rules naming their pool by node labels), or None.
     node_labels: Callable[[], dict[str, dict[str, str]] | None] = lambda: None
     owned: Callable[[], list[NodeView]] = list
+    #: The cluster's node and exporter pod addresses, for series without a node label; None = none.
+    addresses: Callable[[], AddressBook] | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -219,6 +222,7 @@ class Controller:
                     now=now,
                     due_groups=due,
                     concurrency=self.settings.prometheus.max_concurrent_queries,
+                    addresses=self.addresses,
                 )
                 self.state = detection.state
                 self._group_last.update(dict.fromkeys(due, now))
@@ -228,6 +232,7 @@ class Controller:
                         report.rule, str(report.health), evaluated_at_unix=now.timestamp()
                     )
                     self.metrics.count_cleaned(report.rule, report.cleaned)
+                    self.metrics.set_unresolved(report.rule, report.unresolved)
                 if not self.is_leader():
                     return
                 ownership.settle(

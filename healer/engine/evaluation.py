@@ -20,8 +20,10 @@ returned. The semantics are Prometheus's alerting rules (prometheus/prometheus `
   vanished keeps its state: an exporter that stops reporting is not a recovery.
 - Label values are untrusted: NUL and invalid text are replaced and an overlong node name is
   clipped (:mod:`healer.engine.labels`); such series still count and are reported per rule.
-- Series whose node cannot be named (none of the rule's ``node_labels`` is set) are counted and
-  reported per rule with an example, never dropped silently.
+- A series none of whose rule's ``node_labels`` is set is named by its ``instance`` address
+  when an :class:`~healer.model.addresses.AddressBook` is given (a Node's InternalIP, an exporter
+  pod's IP: node_exporter carries no node label). Series that still name no node are counted and
+  reported per rule with an example, and make the rule's health ``degraded``: never a silent ok.
 
 - Alerts mode (``QueryResult.judged``): Prometheus evaluated the rule and judged each series
   itself; a series it reports ``firing`` has met its ``for``, a pending one has not, and one it
@@ -45,6 +47,7 @@ from enum import StrEnum
 
 from healer.engine.labels import MAX_NODE_NAME, clean_labels, clean_node_name
 from healer.errors import QueryError, SourceError
+from healer.model.addresses import INSTANCE_LABEL, AddressBook
 from healer.model.findings import Finding, TickFindings, UnresolvedSeries
 from healer.model.states import FindingState, RuleHealth
 from healer.ruleset.schema import Rule, RuleSet
@@ -127,9 +130,11 @@ class FindingChange:
 class RuleReport:
     """One rule's evaluation in one tick (one ``rule_evaluations`` row).
 
-    ``health``: ok; no_data (a ``no_data`` rule reports nodes without data); error (the rule is
+    ``health``: ok; no_data (a ``no_data`` rule reports nodes without data); degraded (evaluated,
+    but ``unresolved`` series name no node); error (the rule is
     broken: bad PromQL, duplicate label sets) with ``error``; unavailable (source failed or the
-    tick deadline passed) with ``error``. ``cleaned`` counts the series whose label values had
+    tick deadline passed) with ``error``. ``by_address`` counts the series named by their
+    ``instance`` address rather than a node label. ``cleaned`` counts the series whose label values had
     to be cleaned (:mod:`healer.engine.labels`) and are evaluated anyway. ``series`` counts the
     samples returned; ``pending`` and ``firing`` the rule's episodes after the tick;
     ``duration_seconds`` is the caller's measure of the query (wall clock, seconds).
@@ -148,6 +153,7 @@ class RuleReport:
     warnings: list[str] = field(default_factory=list)
     unresolved: UnresolvedSeries | None = None
     cleaned: int = 0
+    by_address: int = 0
 
     @property
     def frozen(self) -> bool:
@@ -195,6 +201,18 @@ def node_of(labels: Mapping[str, str], node_labels: Iterable[str]) -> str | None
     return None
 
 
+def needs_addresses(ruleset: RuleSet, results: Mapping[str, QueryResult | SourceError]) -> bool:
+    """Whether any rule's result holds a series none of its ``node_labels`` names: only then is
+    the cluster's address book worth reading this tick."""
+    for rule in ruleset.rules:
+        outcome = results.get(rule.name)
+        if isinstance(outcome, QueryResult) and any(
+            node_of(s.labels, rule.node_labels) is None for s in outcome.samples
+        ):
+            return True
+    return False
+
+
 def evaluate(
     *,
     ruleset: RuleSet,
@@ -203,6 +221,7 @@ def evaluate(
     now: datetime,
     durations: Mapping[str, float] | None = None,
     not_due: Collection[str] = (),
+    addresses: AddressBook | None = None,
 ) -> Evaluation:
     """Advance every rule of ``ruleset`` by one tick at ``now``.
 
@@ -216,6 +235,8 @@ def evaluate(
         durations: rule name → seconds its query took (for the reports); missing = 0.
         not_due: rules whose group is not due this tick (group ``interval``): not queried, their
             state carried over unchanged (still in the findings), no report.
+        addresses: names the node of a series without a node label by its ``instance`` host;
+            None = not looked up (such series are unresolved).
 
     Series of rules no longer in ``ruleset`` are closed (resolved or dropped) so their rows do not
     stay open forever.
@@ -255,6 +276,7 @@ def evaluate(
             unknown=unknown,
             state=state,
             changes=changes,
+            addresses=addresses,
         )
         reports[rule.name] = report
         if report.frozen:
@@ -304,6 +326,7 @@ def _step_rule(
     unknown: set[str],
     state: dict[str, Finding],
     changes: list[FindingChange],
+    addresses: AddressBook | None = None,
 ) -> RuleReport:
     """One rule's tick; writes into ``state`` and ``changes``; returns its report."""
     base = {"rule": rule.name, "group": group, "kind": rule.kind, "evaluated_at": now}
@@ -330,10 +353,14 @@ def _step_rule(
     current: dict[str, tuple[dict[str, str], float, str, AlertState | None]] = {}
     no_node: list[dict[str, str]] = []
     cleaned: list[dict[str, str]] = []
+    by_address = 0
     for sample in outcome.samples:
         raw = {k: v for k, v in sample.labels.items() if k != "__name__"}
         labels, changed = clean_labels(raw)
         raw_node = node_of(labels, rule.node_labels)
+        if raw_node is None and addresses is not None:
+            raw_node = addresses.node_for(labels.get(INSTANCE_LABEL))
+            by_address += raw_node is not None
         if raw_node is None:
             no_node.append(labels)
             continue
@@ -351,7 +378,13 @@ def _step_rule(
         current[key] = (labels, sample.value, node, sample.alert)
 
     unresolved = (
-        UnresolvedSeries(rule=rule.name, count=len(no_node), node_labels=rule.node_labels, example=no_node[0])
+        UnresolvedSeries(
+            rule=rule.name,
+            count=len(no_node),
+            node_labels=rule.node_labels,
+            example=no_node[0],
+            why=addresses.why_not(no_node[0].get(INSTANCE_LABEL)) if addresses is not None else None,
+        )
         if no_node
         else None
     )
@@ -426,6 +459,8 @@ def _step_rule(
     pending = sum(f.state == FindingState.PENDING for f in rule_states)
     firing = sum(f.state == FindingState.FIRING for f in rule_states)
     health = RuleHealth.NO_DATA if rule.kind == "no_data" and rule_states else RuleHealth.OK
+    if health == RuleHealth.OK and unresolved is not None:
+        health = RuleHealth.DEGRADED
     warnings = list(outcome.warnings)
     if cleaned:
         warnings.append(_cleaned_warning(cleaned))
@@ -439,6 +474,7 @@ def _step_rule(
         warnings=warnings,
         unresolved=unresolved,
         cleaned=len(cleaned),
+        by_address=by_address,
     )
 
 

@@ -88,17 +88,27 @@ class TickFindings:
 
 @dataclass(frozen=True)
 class UnresolvedSeries:
-    """Series of one rule whose node could not be named in one tick (none of ``node_labels`` set).
+    """Series of one rule whose node could not be named in one tick: none of ``node_labels`` is
+    set, and their ``instance`` address is no node's (:mod:`healer.model.addresses`).
 
-    They are reported, never silently dropped: a rule that names no node finds nothing.
-    ``example`` is the label set of one of them.
+    They are reported (the rule's health is ``degraded``), never silently dropped: a rule that
+    names no node finds nothing. ``example`` is the label set of one of them; ``why`` says why its
+    address named no node (None when addresses were not looked up).
     """
 
     rule: str
     count: int
     node_labels: tuple[str, ...]
     example: dict[str, str]
+    why: str | None = None
+
+    @property
+    def example_instance(self) -> str | None:
+        """The example's ``instance`` label (the scrape address), if it has one."""
+        return self.example.get("instance")
 
     def __str__(self) -> str:
         tried = ", ".join(self.node_labels)
-        return f"{self.count} series without a node label (tried {tried}), e.g. {self.example}"
+        text = f"{self.count} series without a node label (tried {tried}"
+        text += f", then the instance address: {self.why})" if self.why else ")"
+        return f"{text}, e.g. {self.example}"

@@ -45,6 +45,7 @@ class RuleHealth(StrEnum):
 
     OK = "ok"
     NO_DATA = "no_data"  # query succeeded, but the series it needs are absent
+    DEGRADED = "degraded"  # evaluated, but some series name no node: they can act on nothing
     ERROR = "error"  # the rule is broken (bad PromQL): fix the rule
     UNAVAILABLE = "unavailable"  # the source failed (timeout, 5xx): state kept as it was
 

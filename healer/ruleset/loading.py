@@ -211,15 +211,13 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
     _check_pool_names(parsed_ok, problems)
     promql_checked = False
     binary = _promtool_binary(promtool)
-    if promtool is False:
-        pass
-    elif binary is None:
+    if binary is not None:
+        promql_checked = _check_promql(parsed_ok, binary, problems, warnings)
+    elif promtool is not False:  # False: the caller asked for no PromQL check, so no warning
         warnings.append(
             "promtool not found: PromQL syntax NOT checked (install Debian package 'prometheus' "
             "or put promtool on PATH)"
         )
-    else:
-        promql_checked = _check_promql(parsed_ok, binary, problems, warnings)
 
     for p in parsed_ok:
         for rule, where in _raw_rules(p):

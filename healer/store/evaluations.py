@@ -44,7 +44,8 @@ _T = TypeVar("_T")
 def record_reports(session: Session, reports: Sequence[RuleReport]) -> None:
     """One ``rule_evaluations`` row per report: health, error, duration (seconds), series and
     firing counts; ``warnings`` holds the source's warnings and, when some series named no node,
-    that count with an example label set."""
+    that count with an example label set, which is also the ``error`` of a ``degraded`` rule (the
+    Rules page shows it under the health)."""
     rows = []
     for report in reports:
         warnings = list(report.warnings)
@@ -57,7 +58,7 @@ def record_reports(session: Session, reports: Sequence[RuleReport]) -> None:
                 "evaluated_at": report.evaluated_at,
                 "duration_seconds": report.duration_seconds,
                 "health": str(report.health),
-                "error": report.error,
+                "error": report.error or (str(report.unresolved) if report.unresolved else None),
                 "series": report.series,
                 "firing": report.firing,
                 "warnings": warnings or None,

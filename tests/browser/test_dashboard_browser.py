@@ -19,6 +19,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.model.states import NodeState
+from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.prometheus_range import PrometheusRange
 from healer.store import migrate
 from healer.store import nodes as repo
@@ -26,6 +27,7 @@ from healer.store.models import Incident
 from healer.store.session import make_engine, make_sessionmaker
 from tests.integration.test_api_support import (
     OPERATOR_TOKEN,
+    RULESET,
     VIEWER_TOKEN,
     build_app,
     dcgm_exporter,
@@ -49,12 +51,15 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 NODE = "gpu-node-07"
+#: dcgm-exporter field 112 under its 4.x and 3.x names (the test exporter sends neither).
+FIELD_112 = '"DCGM_FI_DEV_CLOCKS_EVENT_REASONS|DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"'
 
 
 @dataclass
 class Dashboard:
     url: str
     sessions: sessionmaker[Session]
+    prometheus: str  # the real Prometheus's URL
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +89,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
                 prometheus=PrometheusRange(prom.url, timeout_seconds=5),
             )
             with serve(app) as base:
-                yield Dashboard(url=base, sessions=factory)
+                yield Dashboard(url=base, sessions=factory, prometheus=prom.url)
     finally:
         engine.dispose()
 
@@ -202,3 +207,33 @@ def test_fleet_page_shows_attention_first_and_refreshes_in_place(
     shot = tmp_path / "fleet.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
+
+
+def test_rules_page_flags_a_rule_whose_metric_no_target_exports(dashboard: Dashboard, page: Page) -> None:
+    """The exporter sends GPU temperatures but not field 112: the rule reading it is flagged where
+    the eye goes (a panel on top and its own row), the rule reading temperatures is not."""
+    blind = Rule.model_validate(
+        {
+            "name": "GpuHardwareSlowdown",
+            "expr": f"max by (Hostname, gpu) ({{__name__=~{FIELD_112}}}) > 0",
+        }
+    )
+    ruleset = RuleSet(groups=(RuleGroup(name="g", rules=[*RULESET.rules, blind]),))
+    app = build_app(
+        dashboard.sessions,
+        clock=lambda: datetime.now(UTC),
+        ruleset_provider=lambda: ruleset,
+        prometheus=PrometheusRange(dashboard.prometheus, timeout_seconds=5),
+    )
+    with serve(app) as base:
+        page.goto(f"{base}/rules")
+        panel = page.get_by_test_id("inputs-absent")
+        expect(panel).to_be_visible()
+        expect(panel).to_contain_text("1 rule reads a metric no target exports")
+        expect(panel).to_contain_text(
+            "GpuHardwareSlowdown: DCGM_FI_DEV_CLOCKS_EVENT_REASONS or DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+        )
+        row = page.get_by_role("row").filter(has=page.get_by_role("link", name="GpuHardwareSlowdown"))
+        expect(row.get_by_test_id("rule-inputs-absent")).to_be_visible()
+        hot = page.get_by_role("row").filter(has=page.get_by_role("link", name="GpuTooHot", exact=True))
+        expect(hot.get_by_test_id("rule-inputs-absent")).to_have_count(0)

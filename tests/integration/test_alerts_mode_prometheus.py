@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from healer.engine.findings import Finding
-from healer.engine.states import FindingState, RuleHealth
 
 from healer.detection import DetectionResult, run_detection
 from healer.engine.evaluation import ChangeKind, EvaluationState
+from healer.model.findings import Finding
+from healer.model.states import FindingState, RuleHealth
 from healer.ruleset.export import prometheus_rule_file
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet

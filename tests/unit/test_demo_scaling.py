@@ -25,8 +25,7 @@ def test_scaled_pack_keeps_rules_and_shortens_holds_and_windows() -> None:
 def test_progress_lines_name_every_lifecycle_step_once(migrated_sqlite_url: str) -> None:
     from datetime import UTC, datetime
 
-    from healer.engine.states import NodeState
-
+    from healer.model.states import NodeState
     from healer.store.nodes import get_or_create_node, transition
     from healer.store.session import make_engine, make_sessionmaker, transaction
     from healer_dev.demo import new_steps

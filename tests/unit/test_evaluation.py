@@ -297,7 +297,8 @@ def test_series_without_a_node_are_reported_not_dropped() -> None:
     assert "3 series without a node label (tried Hostname, hostname, node" in str(unresolved)
     (report,) = ev.reports
     assert report.unresolved == unresolved
-    assert report.health == RuleHealth.OK
+    # Series that act on nothing are never a silent "ok" (issue 14, item 5).
+    assert report.health == RuleHealth.DEGRADED
     assert report.series == 4
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from healer.engine.states import FindingState
-
 from healer.engine.evaluation import AlertState, ChangeKind, EvaluationState, QueryResult, Sample, evaluate
+from healer.model.states import FindingState
 from tests.unit.test_evaluation import HOT, KEY, T0, rule, ruleset
 
 GPU_TOO_HOT = rule(for_=300, keep=600)

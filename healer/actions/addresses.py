@@ -1,0 +1,68 @@
+"""Where series without a node label come from: the cluster's node and exporter pod addresses.
+
+A narrow read for detection (:mod:`healer.model.addresses` does the mapping): one list of Nodes
+(their ``InternalIP`` and ``Hostname`` addresses) and one list of the exporter pods matching
+``kubernetes.exporter_pod_selector`` in all namespaces (their ``status.podIPs`` and
+``spec.nodeName``). Pods that finished (``Succeeded``, ``Failed``) are left out: their IP may
+already belong to another pod. The ClusterRole's ``list`` on nodes and pods covers both.
+
+Errors: :class:`healer.errors.KubernetesError` (via :func:`~healer.actions.apierrors.api_call`).
+"""
+
+from __future__ import annotations
+
+from kubernetes import client as k8s
+
+from healer.actions.apierrors import api_call
+from healer.config import KubernetesSettings
+from healer.model.addresses import AddressBook, build_address_book
+
+#: Node address types that name the node itself (NodeAddress.type; ExternalIP may be shared NAT).
+NODE_ADDRESS_TYPES = frozenset({"InternalIP", "Hostname"})
+#: Pod phases whose IP no longer belongs to the pod.
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class KubernetesAddresses:
+    """Reads the :class:`AddressBook` from the cluster: two list calls per :meth:`address_book`.
+
+    Args:
+        api_client: an official-client ``ApiClient``; not closed here.
+        settings: ``exporter_pod_selector`` ('' = nodes only), ``request_timeout_seconds``.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient, settings: KubernetesSettings) -> None:
+        self.core = k8s.CoreV1Api(api_client)
+        self.selector = settings.exporter_pod_selector.strip()
+        self._timeout = settings.request_timeout_seconds
+
+    def address_book(self) -> AddressBook:
+        """Every node's addresses and the exporter pods' IPs, read now.
+
+        Raises:
+            KubernetesError: a list call failed.
+        """
+        with api_call("list nodes"):
+            node_list = self.core.list_node(_request_timeout=self._timeout)
+        nodes = []
+        for node in node_list.items:
+            name = node.metadata.name if node.metadata else None
+            if not name:
+                continue
+            found = (node.status.addresses if node.status else None) or []
+            nodes.append((name, [a.address for a in found if a.type in NODE_ADDRESS_TYPES and a.address]))
+        pods: list[tuple[str, list[str]]] = []
+        if self.selector:
+            with api_call(f"list pods ({self.selector})"):
+                pod_list = self.core.list_pod_for_all_namespaces(
+                    label_selector=self.selector, _request_timeout=self._timeout
+                )
+            for pod in pod_list.items:
+                status, spec = pod.status, pod.spec
+                if status is None or spec is None or not spec.node_name or status.phase in FINISHED_PHASES:
+                    continue
+                ips = [p.ip for p in status.pod_ips or [] if p.ip] or (
+                    [status.pod_ip] if status.pod_ip else []
+                )
+                pods.append((spec.node_name, ips))
+        return build_address_book(nodes=nodes, pods=pods)
