@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.actions.base import NodeActions
 from healer.config import Settings
 from healer.controller import fleet as fleet_facts
-from healer.controller import sticky_values
+from healer.controller import repair, sticky_values
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Seen, read
@@ -91,6 +91,8 @@ def _reconciler(
         recovery_hold_seconds=hold,
         findings=findings,
         fence=fence or Fence(),
+        repair=repair.publisher(settings),
+        xid_catalog=repair.xid_catalog(settings),
     )
 
 

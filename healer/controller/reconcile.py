@@ -45,6 +45,7 @@ from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Observation, Seen, observe
 from healer.controller.record import Recorder
+from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.engine import safety
 from healer.errors import KubernetesNotFound, StaleState
@@ -52,6 +53,7 @@ from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
 from healer.ruleset.schema import RuleSet
+from healer.ruleset.xid_catalog import XidCatalog
 from healer.store import nodes as repo
 from healer.store.session import transaction
 
@@ -108,10 +110,16 @@ class Reconciler:
     findings: TickFindings | None = None
     held: list[str] = field(default_factory=list)
     fence: Fence = field(default_factory=Fence)
+    repair: RepairPublisher | None = None
+    xid_catalog: XidCatalog | None = None
 
     def __post_init__(self) -> None:
         self.ctx = lc.Context(
-            rules=self.rules, now=self.now, recovery_hold_seconds=self.recovery_hold_seconds
+            rules=self.rules,
+            now=self.now,
+            recovery_hold_seconds=self.recovery_hold_seconds,
+            xid_catalog=self.xid_catalog,
+            repair_actions=self.repair.actions if self.repair else frozenset(),
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self.record = Recorder(
@@ -241,6 +249,7 @@ class Reconciler:
             actor=self.actor,
             drain=plan.drain,
             check=self.fence.check,
+            repair=self.repair,
         )
 
     def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
