@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
@@ -136,7 +136,7 @@ def observe(
         owned=labels.owned(view),
         repair_result=RepairResult.parse(view.annotations.get(result_key(labels.domain))) if view else None,
         repeat_parts=(
-            _repeat_parts(session, node, incident, firing) if _ladder_may_start(node) else frozenset()
+            _repeat_parts(session, node, incident, firing, now) if _ladder_may_start(node) else frozenset()
         ),
     )
     return Observation(node=node, incident=incident, facts=facts)
@@ -187,23 +187,33 @@ def _ladder_may_start(node: Node) -> bool:
     return node.state in (NodeState.QUARANTINED, NodeState.DRAINING)
 
 
+#: How far back a repaired part's failure counts as a repeat (days), as tickets' repeat window.
+REPEAT_WINDOW = timedelta(days=30)
+
+
 def _repeat_parts(
-    session: Session, node: Node, incident: Incident | None, firing: tuple[Finding, ...]
+    session: Session, node: Node, incident: Incident | None, firing: tuple[Finding, ...], now: datetime
 ) -> frozenset[str]:
-    """GPU UUIDs among ``firing`` that failed before, on any node, in an incident that was repaired
-    (reached ``repaired``): the parts ledger's repeat offenders (straight to replacement)."""
+    """GPU UUIDs among ``firing`` that failed before, on any node, in an incident repaired (moved to
+    ``repaired``) within :data:`REPEAT_WINDOW`: the parts ledger's repeat offenders, which go
+    straight to replacement. Read from the evidence (series labels) of those incidents' steps."""
     uuids = {u for f in firing if (u := f.labels.get("UUID"))}
     if not uuids:
         return frozenset()
-    repaired = select(Transition.incident_id).where(Transition.to_state == NodeState.REPAIRED.value)
-    query = select(FindingRow.series_key).where(FindingRow.incident_id.in_(repaired))
+    repaired = select(Transition.incident_id).where(
+        Transition.to_state == NodeState.REPAIRED.value, Transition.at >= now - REPEAT_WINDOW
+    )
+    query = select(Transition.evidence).where(
+        Transition.incident_id.in_(repaired), Transition.to_state == NodeState.QUARANTINED.value
+    )
     if incident is not None:
-        query = query.where(FindingRow.incident_id != incident.id)
+        query = query.where(Transition.incident_id != incident.id)
     seen: set[str] = set()
-    for uuid in sorted(uuids):
-        hit = session.scalar(query.where(FindingRow.series_key.contains(f'UUID="{uuid}"')).limit(1))
-        if hit is not None:
-            seen.add(uuid)
+    for evidence in session.scalars(query):
+        for item in (evidence or {}).get("findings") or []:
+            uuid = ((item or {}).get("labels") or {}).get("UUID")
+            if uuid in uuids:
+                seen.add(uuid)
     return frozenset(seen)
 
 

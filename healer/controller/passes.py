@@ -183,7 +183,7 @@ def remediate(
         paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
         breaker_row = repo.get_switch(session, repo.SWITCH_BREAKER)
         node_pools = (
-            dict(fleet) if fleet else dict(session.execute(select(Node.name, Node.pool)).tuples().all())
+            dict(fleet) if fleet else {n: p for n, p in session.execute(select(Node.name, Node.pool))}
         )
         fleet_size = len(node_pools)
         sticky_rules = sticky_values.sticky_rule_names(rules)

@@ -851,3 +851,58 @@ def test_no_secret_values_in_deploy() -> None:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(doc, dict):
                 assert doc.get("kind") != "Secret", f"{path}: create Secrets with kubectl, not in git"
+
+
+AGENT = (*IMAGE, "--set", "agent.enabled=true")
+
+
+def test_node_agent_is_off_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for objects in rendered.values():
+        assert not any(o["kind"] == "DaemonSet" for o in objects)
+        assert not any(o["metadata"]["name"] == "healer-agent" for o in objects)
+
+
+def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
+    """agent.enabled: a DaemonSet on GPU nodes (every taint tolerated, its node name from the downward
+    API), a ClusterRole of nodes get/list/watch/patch only, and the signing key mounted into both the
+    controller and the agent; the controller's ClusterRole does not grow (it already patches nodes)."""
+    result = template(helm, *AGENT)
+    assert result.returncode == 0, result.stderr
+    objects = documents(result.stdout)
+    role = _one(objects, "ClusterRole", "healer-agent")
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == {("", "nodes", v) for v in ("get", "list", "watch", "patch")}
+    controller_role = _one(objects, "ClusterRole", "healer")
+    assert {
+        (g, r, v)
+        for rule in controller_role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    } == CLUSTER_PERMISSIONS
+    binding = _one(objects, "ClusterRoleBinding", "healer-agent")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer-agent", "namespace": NAMESPACE}]
+    daemonset = _one(objects, "DaemonSet", "healer-agent")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "healer-agent"
+    assert {"operator": "Exists"} in pod["tolerations"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["agent"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert json.loads(env["HEALER_REPAIR__AGENT_COMMANDS"]["value"])["reboot"][-2:] == ["systemctl", "reboot"]
+    settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])
+    assert settings["repair"] == {
+        "actions": ["reset-gpu", "reboot"],
+        "secret_file": "/etc/healer/secrets/repair-hmac",
+    }
+    deployment = _one(objects, "Deployment", "healer")
+    sources = deployment["spec"]["template"]["spec"]["volumes"]
+    projected = next(v for v in sources if v["name"] == "secrets")["projected"]["sources"]
+    assert {"key": "hmac", "path": "repair-hmac"} in [i for s in projected for i in s["secret"]["items"]]
