@@ -302,6 +302,38 @@ class RepairSettings(_Group):
         return self
 
 
+class ValidationSettings(_Group):
+    """The validation Job run on a repaired node before it returns (``healer.actions.validation``).
+
+    Its container's last line of termination message is a JSON result (``healer.model.validation``).
+    """
+
+    enabled: bool = Field(False, description="Gate every return to service on a validation Job.")
+    namespace: str = Field("healer-system", description="Namespace of the validation Jobs.")
+    image: str = Field(
+        "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04", description="An image with dcgmi."
+    )
+    command: list[str] = Field(
+        default_factory=lambda: [
+            "/bin/sh",
+            "-c",
+            "dcgmi diag -r {level} > /tmp/diag.txt 2>&1; rc=$?; "
+            'if [ $rc = 0 ]; then p=true; else p=false; fi; '
+            'printf \'{"dcgm_level": {level}, "passed": %s, "exit_code": %s}\\n\' $p $rc '
+            "> /dev/termination-log; exit $rc",
+        ],
+        description="The command ({level}: dcgm_level); it writes a JSON line to /dev/termination-log.",
+    )
+    dcgm_level: int = Field(2, ge=1, le=4, description="DCGM diagnostics level (dcgmi diag -r).")
+    nccl_min_busbw_gbps: float | None = Field(
+        None, gt=0, description="Fail when the result's nccl_busbw_gbps is under it, GB/s (None: unchecked)."
+    )
+    timeout_seconds: int = Field(3600, ge=60, description="The Job's activeDeadlineSeconds.")
+    gpu_resource: str = Field(
+        "nvidia.com/gpu", description="The extended resource requested (all the node has)."
+    )
+
+
 class ApiToken(_Group):
     """A bearer token and the role it grants. Give the token through the environment, not a file in git."""
 
@@ -352,6 +384,7 @@ class Settings(BaseSettings):
     tickets: TicketSettings = Field(default_factory=TicketSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     repair: RepairSettings = Field(default_factory=RepairSettings)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
 
     @classmethod
     def settings_customise_sources(

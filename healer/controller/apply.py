@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.errors import KubernetesError, KubernetesNotFound
@@ -66,6 +67,7 @@ def apply(
     drain: DrainPlan | None = None,
     check: Callable[[], None] = lambda: None,
     repair: RepairPublisher | None = None,
+    validator: ValidationJobs | None = None,
 ) -> Applied:
     """Run ``step``'s effects on the node ``view`` (as read this reconcile).
 
@@ -135,6 +137,15 @@ def apply(
                     detail = {"action": request.action, "gpu": request.gpu, "nonce": request.nonce,
                               "expires": request.expires}
                     applied.done.append(Done("repair-request", detail, status))
+                case lc.StartValidation(job=job):
+                    if validator is None:
+                        raise KubernetesError("no validation Jobs configured (validation.enabled)")
+                    validator.start(node, job, incident_id or 0)
+                    applied.done.append(Done("validation-job", {"job": job, "node": node.name}, status))
+                case lc.CleanupValidation(job=job):
+                    if validator is not None:
+                        validator.delete(job)
+                        applied.done.append(Done("validation-cleanup", {"job": job}, status))
                 case lc.StartDrain() | lc.RequestTicket():
                     pass
         except KubernetesNotFound:

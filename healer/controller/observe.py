@@ -166,6 +166,7 @@ def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) ->
         ladder_index=incident.ladder_index,
         ladder_started_at=incident.ladder_started_at,
         repair_nonce=incident.repair_nonce,
+        validation=incident.validation,
     )
 
 

@@ -25,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.config import Settings
 from healer.controller import fleet as fleet_facts
 from healer.controller import repair, sticky_values
@@ -71,6 +72,7 @@ def _reconciler(
     findings: TickFindings | None = None,
     recovery_hold_seconds: float | None = None,
     fence: Fence | None = None,
+    validator: ValidationJobs | None = None,
 ) -> Reconciler:
     """The pass's reconciler from (rules, actions, sessions, now, actor) and the settings."""
     rules, actions, sessions, now, actor = pass_inputs
@@ -93,6 +95,7 @@ def _reconciler(
         fence=fence or Fence(),
         repair=repair.publisher(settings),
         xid_catalog=repair.xid_catalog(settings),
+        validator=validator,
     )
 
 
@@ -133,6 +136,7 @@ def remediate(
     recovery_hold_seconds: float | None = None,
     backoff: Backoff | None = None,
     fence: Fence | None = None,
+    validator: ValidationJobs | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
 
@@ -153,6 +157,8 @@ def remediate(
         backoff: the controller's per-node backoff (nodes failing recently are skipped).
         fence: the leader's fence (``healer.controller.fence``); raises ``NotLeader`` from the
             first write or record after this replica stopped leading. None: unfenced (CLI, tests).
+        validator: validation Jobs (``healer.actions.validation``): every return to service waits
+            for one to pass. None: the recovery hold alone decides.
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
@@ -165,7 +171,12 @@ def remediate(
     limits = settings.safety.limits()
     inputs = (rules, actions, session_factory, now, actor)
     rec = _reconciler(
-        settings, inputs, findings=findings, recovery_hold_seconds=recovery_hold_seconds, fence=fence
+        settings,
+        inputs,
+        findings=findings,
+        recovery_hold_seconds=recovery_hold_seconds,
+        fence=fence,
+        validator=validator,
     )
     result = RemediationResult(at=now)
     with transaction(session_factory) as session:

@@ -40,6 +40,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.controller import sticky_values
 from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.fence import Fence
@@ -48,7 +49,7 @@ from healer.controller.record import Recorder
 from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.engine import safety
-from healer.errors import KubernetesNotFound, StaleState
+from healer.errors import KubernetesError, KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
@@ -112,6 +113,7 @@ class Reconciler:
     fence: Fence = field(default_factory=Fence)
     repair: RepairPublisher | None = None
     xid_catalog: XidCatalog | None = None
+    validator: ValidationJobs | None = None
 
     def __post_init__(self) -> None:
         self.ctx = lc.Context(
@@ -120,6 +122,7 @@ class Reconciler:
             recovery_hold_seconds=self.recovery_hold_seconds,
             xid_catalog=self.xid_catalog,
             repair_actions=self.repair.actions if self.repair else frozenset(),
+            validate_with_job=self.validator is not None,
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self.record = Recorder(
@@ -205,6 +208,7 @@ class Reconciler:
                 drain=report,
                 sticky_rules=self.sticky_rules,
             )
+            obs.facts = self._with_validation(obs.facts)
             wanted = lc.notices(obs.facts, self.ctx) if notices else []
             approved, state = self._judge_notices(session, obs, wanted, state)
             plan = _Plan(
@@ -250,6 +254,7 @@ class Reconciler:
             drain=plan.drain,
             check=self.fence.check,
             repair=self.repair,
+            validator=self.validator,
         )
 
     def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
@@ -282,6 +287,19 @@ class Reconciler:
             self.record.effects(session, node, repo.open_incident(session, node), applied.done, plan.step)
 
     # -- helpers --
+
+    def _with_validation(self, facts: lc.NodeFacts) -> lc.NodeFacts:
+        """The facts with the running validation Job's outcome read (one list of its pods)."""
+        inc = facts.incident
+        job = inc.validation if inc is not None else None
+        if self.validator is None or not job or job.get("status") != "running":
+            return facts
+        try:
+            result = self.validator.result(str(job["job"]))
+        except KubernetesError as exc:
+            log.warning("node %s: validation job %s not read: %s", facts.name, job.get("job"), exc)
+            return facts
+        return replace(facts, validation=result)
 
     def _request(self, obs: Observation, step: lc.Step) -> safety.Request:
         view = obs.facts.view

@@ -221,6 +221,7 @@ def _remember(incident: Incident, step: lc.Step) -> None:
     incident.ladder_index = after.ladder_index
     incident.ladder_started_at = after.ladder_started_at
     incident.repair_nonce = after.repair_nonce
+    incident.validation = after.validation
     if step.memory.blocked_step is not None:
         incident.blocked_reason = step.reason
     elif after.blocked_step is None:

@@ -34,6 +34,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
@@ -128,6 +129,7 @@ class Controller:
     identity: str = "healer"
     fleet: Callable[[], dict[str, str] | None] = lambda: None
     owned: Callable[[], list[NodeView]] = list
+    validator: ValidationJobs | None = None  # validation Jobs (validation.enabled, not dry-run)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -240,6 +242,7 @@ class Controller:
                     fleet=self._fleet(),
                     backoff=self._backoff,
                     fence=self.fence(),
+                    validator=self.validator,
                 )
                 self._count(result)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]

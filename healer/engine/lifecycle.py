@@ -50,6 +50,7 @@ from healer.model.findings import Finding
 from healer.model.node import NodeView, TaintEffect
 from healer.model.repair import RepairResult
 from healer.model.states import FindingState, NodeState, TicketStatus
+from healer.model.validation import ValidationResult
 from healer.ruleset.durations import format_duration
 from healer.ruleset.schema import (
     DrainAction,
@@ -161,8 +162,32 @@ class RequestRepair:
     timeout_seconds: float
 
 
+@dataclass(frozen=True)
+class StartValidation:
+    """Run the validation Job ``job`` pinned to the node (all its GPUs, tolerating healer's taint)."""
+
+    job: str
+
+
+@dataclass(frozen=True)
+class CleanupValidation:
+    """Delete the validation Job ``job`` (its result is in the record)."""
+
+    job: str
+
+
 Effect = (
-    Cordon | Taint | SetCondition | Event | StartDrain | DrainStep | RequestTicket | Release | RequestRepair
+    Cordon
+    | Taint
+    | SetCondition
+    | Event
+    | StartDrain
+    | DrainStep
+    | RequestTicket
+    | Release
+    | RequestRepair
+    | StartValidation
+    | CleanupValidation
 )
 
 
@@ -199,6 +224,8 @@ class IncidentFacts:
     ladder_index: int | None = None
     ladder_started_at: datetime | None = None
     repair_nonce: str | None = None
+    # The validation Job of this incident: {"job", "status" (running|succeeded|failed), "result"}.
+    validation: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +255,7 @@ class NodeFacts:
     owned: bool = False
     repair_result: RepairResult | None = None  # the node agent's last answer (node annotation)
     repeat_parts: frozenset[str] = frozenset()  # GPU UUIDs that failed before after a repair
+    validation: ValidationResult | None = None  # the incident's validation Job as read this tick
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -248,6 +276,7 @@ class Memory:
     ladder_index: int | None = None
     ladder_started_at: datetime | None = None
     repair_nonce: str | None = None
+    validation: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -305,6 +334,8 @@ class Context:
     #: Repair steps someone can carry out (a node agent or a provider API is configured); the
     #: ladder skips the others (recorded), so a fleet without an agent goes straight to the ticket.
     repair_actions: frozenset[str] = frozenset()
+    #: A validation Job gates every return to service (``validation.enabled``).
+    validate_with_job: bool = False
 
     def rule(self, name: str | None) -> Rule | None:
         if name is None:
@@ -701,6 +732,93 @@ def _escalate_after_validation(f: NodeFacts, c: Context) -> Step:
     return _escalate(f, c, why, "repair did not clear")
 
 
+# --- the validation Job (healer.actions.validation) ------------------------------------------------
+
+
+def _job_status(f: NodeFacts) -> str | None:
+    inc = f.incident
+    return str(inc.validation.get("status")) if inc is not None and inc.validation else None
+
+
+def _needs_job(f: NodeFacts, c: Context) -> bool:
+    return c.validate_with_job and f.incident is not None and _job_status(f) is None
+
+
+def _start_job(f: NodeFacts, c: Context) -> Step:
+    assert f.incident is not None
+    job = f"healer-validate-{f.incident.id}-{int(c.now.timestamp())}"
+    return Step(
+        StepKind.REPAIR,
+        None,
+        f"validation Job {job} started on the node",
+        effects=(StartValidation(job=job), Event("HealerValidating", f"validation Job {job} started", False)),
+        memory=Memory(validation={"job": job, "status": "running"}),
+        already_out=True,
+        row="start validation",
+    )
+
+
+def _job_done(f: NodeFacts, status: str) -> bool:
+    return _job_status(f) == "running" and f.validation is not None and f.validation.status == status
+
+
+def _job_passed(f: NodeFacts, c: Context) -> Step:
+    assert f.incident is not None and f.incident.validation and f.validation is not None
+    job = str(f.incident.validation["job"])
+    return Step(
+        StepKind.RECORD,
+        NodeState.VALIDATING,  # a row of its own, with the Job's result as evidence
+        f"validation Job {job} passed",
+        effects=(CleanupValidation(job=job),),
+        evidence={"validation": f.validation.evidence()},
+        memory=Memory(validation={"job": job, "status": "succeeded", "result": f.validation.result}),
+        already_out=True,
+        row="validation passed",
+    )
+
+
+def _job_failed(f: NodeFacts, c: Context) -> Step:
+    """A failed validation re-opens: a new incident (the evidence in its first step) asking the
+    rule's ticket (replacement), the node still held."""
+    inc, result = f.incident, f.validation
+    assert inc is not None and inc.validation and result is not None
+    job = str(inc.validation["job"])
+    rule = c.rule(inc.rule)
+    why = result.result.get("why") or f"exit code {result.exit_code}"
+    reason = f"validation Job {job} failed ({why}): re-opened, asking for a replacement"
+    provider = next((t.provider for t in _tickets(rule)), "default") if rule is not None else "default"
+    template = next((t.template for t in _tickets(rule)), None) if rule is not None else None
+    return Step(
+        StepKind.TICKET,
+        NodeState.AWAITING_REPAIR,
+        reason,
+        effects=(
+            CleanupValidation(job=job),
+            Event("HealerValidationFailed", reason),
+            RequestTicket(provider=provider, template=template),
+        ),
+        evidence={"validation": result.evidence()},
+        memory=Memory(
+            rule=inc.rule,
+            cordoned_by_healer=inc.cordoned_by_healer,
+            expect_unschedulable=inc.expect_unschedulable,
+            ladder=(TicketStep(provider=provider, template=template),),
+            ladder_index=0,
+            ladder_started_at=c.now,
+            repair_nonce="",
+            reset_clear=True,
+        ),
+        new_incident=True,
+        close_incident="failed validation Job after repair",
+        already_out=True,
+        row="validation Job failed",
+    )
+
+
+def _awaiting_job(f: NodeFacts, c: Context) -> bool:
+    return c.validate_with_job and _job_status(f) != "succeeded"
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 Guard = Callable[[NodeFacts, Context], bool]
@@ -1062,6 +1180,9 @@ TABLE: tuple[Row, ...] = (
         lambda f, c: any(x.clear_since is None for x in remediating(f, c)),
         _failed_validation,
     ),
+    Row("start validation", _s(NodeState.VALIDATING), _needs_job, _start_job),
+    Row("validation Job failed", _s(NodeState.VALIDATING), lambda f, c: _job_done(f, "failed"), _job_failed),
+    Row("validation passed", _s(NodeState.VALIDATING), lambda f, c: _job_done(f, "succeeded"), _job_passed),
     Row("hold interrupted", _s(NodeState.VALIDATING), _validation_interrupted, _restart_clock),
     Row(
         "hold starts",
@@ -1069,6 +1190,8 @@ TABLE: tuple[Row, ...] = (
         lambda f, c: f.incident is not None and f.incident.clear_since is None and _clear(f, c),
         _start_clock,
     ),
+    # The hold is done but the validation Job has not passed yet: wait for it.
+    Row("awaiting validation", _s(NodeState.VALIDATING), _awaiting_job, lambda f, c: None),
     Row("return to service", _s(NodeState.VALIDATING), _hold_done, _return_to_service),
     Row(
         "repaired while blocked",
@@ -1187,6 +1310,7 @@ def remember(incident: IncidentFacts, step: Step) -> IncidentFacts:
         ladder_index=m.ladder_index if m.ladder_index is not None else incident.ladder_index,
         ladder_started_at=m.ladder_started_at or incident.ladder_started_at,
         repair_nonce=m.repair_nonce if m.repair_nonce is not None else incident.repair_nonce,
+        validation=m.validation if m.validation is not None else incident.validation,
     )
 
 

@@ -140,6 +140,8 @@ class Incident(Base):
     ladder_index: Mapped[int | None] = mapped_column(Integer, default=None)
     ladder_started_at: Mapped[datetime | None] = mapped_column(default=None)
     repair_nonce: Mapped[str | None] = mapped_column(String(100), default=None)
+    # The validation Job before return: {"job", "status", "result"} (the result kept after cleanup).
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     __table_args__ = (
         Index(

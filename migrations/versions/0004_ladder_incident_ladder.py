@@ -1,4 +1,5 @@
-"""remediation ladder: the incident's ladder, the step in progress, since when, the repair nonce
+"""remediation ladder: the incident's ladder, the step in progress, since when, the repair nonce,
+and the validation Job
 
 Revision ID: 0004_ladder
 Revises: 0003
@@ -24,10 +25,12 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("ladder_index", sa.Integer(), nullable=True))
         batch_op.add_column(sa.Column("ladder_started_at", UTCDateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column("repair_nonce", sa.String(length=100), nullable=True))
+        batch_op.add_column(sa.Column("validation", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("incidents", schema=None) as batch_op:
+        batch_op.drop_column("validation")
         batch_op.drop_column("repair_nonce")
         batch_op.drop_column("ladder_started_at")
         batch_op.drop_column("ladder_index")

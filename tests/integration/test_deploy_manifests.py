@@ -646,6 +646,7 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
         "namespaced_lease": ("coordination.k8s.io", "leases"),
         "pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets"),
         "namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets"),
+        "namespaced_job": ("batch", "jobs"),
     }
     needed = set()
     for call in sorted(calls):
@@ -656,7 +657,7 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
         group, resource = resources[rest]
         needed.add((group, resource, verbs[verb]))
     assert needed, "no Kubernetes calls found in healer/actions"
-    assert needed <= CLUSTER_PERMISSIONS | LEASE_PERMISSIONS
+    assert needed <= CLUSTER_PERMISSIONS | LEASE_PERMISSIONS | VALIDATION_PERMISSIONS
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -906,3 +907,29 @@ def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
     sources = deployment["spec"]["template"]["spec"]["volumes"]
     projected = next(v for v in sources if v["name"] == "secrets")["projected"]["sources"]
     assert {"key": "hmac", "path": "repair-hmac"} in [i for s in projected for i in s["secret"]["items"]]
+
+
+#: The Role rendered with settings.validation.enabled (validation Jobs in the release namespace).
+VALIDATION_PERMISSIONS = {("batch", "jobs", v) for v in ("create", "get", "delete")}
+
+
+def test_validation_jobs_role_only_when_enabled(helm: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for objects in rendered.values():
+        assert not any(o["metadata"]["name"] == "healer-validation" for o in objects)
+    result = template(helm, *IMAGE, "--set", "settings.validation.enabled=true")
+    assert result.returncode == 0, result.stderr
+    objects = documents(result.stdout)
+    role = _one(objects, "Role", "healer-validation")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == VALIDATION_PERMISSIONS
+    binding = _one(objects, "RoleBinding", "healer-validation")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer", "namespace": NAMESPACE}]
+    settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])
+    assert settings["validation"] == {"enabled": True, "namespace": NAMESPACE}

@@ -18,7 +18,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.kubernetes import KubernetesNodeActions
-from healer.config import KubernetesSettings, RepairSettings, SafetySettings, Settings
+from healer.actions.validation import ValidationJobs
+from healer.config import KubernetesSettings, RepairSettings, SafetySettings, Settings, ValidationSettings
 from healer.controller import remediate
 from healer.model.findings import Finding, TickFindings
 from healer.model.repair import RepairRequest, RepairResult, request_key, result_key
@@ -29,6 +30,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store.models import Node, Ticket, Transition
 from tests.helm import NAMESPACE, rendered_objects, require_helm
 from tests.kube_cluster import ControlPlane
+from tests.services import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DOMAIN = "healer.dev"
@@ -166,7 +168,9 @@ class Ladder:
         agent_api: ApiClient,
         sessions: sessionmaker[Session],
         tmp: Path,
+        validator: ValidationJobs | None = None,
     ) -> None:
+        self.validator = validator
         self.sessions = sessions
         self.agent_api = agent_api
         self.tmp = tmp
@@ -195,6 +199,7 @@ class Ladder:
             settings=self.settings,
             now=at,
             recovery_hold_seconds=HOLD,
+            validator=self.validator,
         )
 
     def agent(self, node: str, *, exit_code: int = 0) -> RepairResult | None:
@@ -342,3 +347,146 @@ def test_a_gpu_that_failed_on_node_a_goes_straight_to_replacement_on_node_b(
     assert any("GPU-moved failed before after a repair" in r for r in ladder.reasons(b))
     with ladder.sessions() as s:
         assert s.scalar(select(func.count()).select_from(Ticket)) == 1
+
+
+# --- the validation Job before return ---------------------------------------------------------------
+
+VALIDATION = ValidationSettings(enabled=True, namespace=NAMESPACE, image="registry.example.com/dcgm:test")
+
+
+@pytest.fixture
+def validating(
+    kube: ControlPlane,
+    kube_admin: ApiClient,
+    kube_healer_api: ApiClient,
+    agent_api: ApiClient,
+    session_factory: sessionmaker[Session],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Ladder]:
+    """The ladder with validation Jobs, healer holding the chart's validation Role (removed after)."""
+    objects = [
+        o
+        for o in rendered_objects(require_helm(), "--set", "settings.validation.enabled=true")
+        if o["metadata"]["name"] == "healer-validation"
+    ]
+    assert {o["kind"] for o in objects} == {"Role", "RoleBinding"}
+    kube.apply(objects)
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    validator = ValidationJobs(kube_healer_api, VALIDATION, K8S)
+    yield Ladder(kube_healer_api, agent_api, session_factory, tmp_path, validator=validator)
+    rbac = k8s.RbacAuthorizationV1Api(kube_admin)
+    rbac.delete_namespaced_role_binding("healer-validation", NAMESPACE)
+    rbac.delete_namespaced_role("healer-validation", NAMESPACE)
+
+
+def job_pod(admin: k8s.CoreV1Api, node: str) -> Any:
+    """The validation pod on ``node`` once KWOK has completed it (KWOK ends Job pods with exit 0
+    and no termination message)."""
+    found: list[Any] = []
+
+    def done() -> bool:
+        pods = admin.list_namespaced_pod(NAMESPACE, field_selector=f"spec.nodeName={node}").items
+        found[:] = [p for p in pods if p.status.phase in ("Succeeded", "Failed")]
+        return bool(found)
+
+    wait_until(done, timeout=60, interval=0.2, what=f"validation pod on {node} completed")
+    return found[0]
+
+
+def finish(admin: k8s.CoreV1Api, pod: Any, *, exit_code: int, message: str) -> None:
+    """As the validation container would end: its exit code and its termination message."""
+    status = pod.status.container_statuses[0]
+    terminated = {
+        "exitCode": exit_code,
+        "message": message,
+        "reason": "Completed" if exit_code == 0 else "Error",
+    }
+    terminated["startedAt"] = status.state.terminated.started_at.isoformat()
+    terminated["finishedAt"] = status.state.terminated.finished_at.isoformat()
+    body = {
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": status.name,
+                    "image": status.image,
+                    "ready": False,
+                    "restartCount": 0,
+                    "imageID": "",
+                    "state": {"terminated": terminated},
+                }
+            ]
+        }
+    }
+    admin.patch_namespaced_pod_status(pod.metadata.name, NAMESPACE, body)
+
+
+def repaired_and_validating(kube: ControlPlane, admin: k8s.CoreV1Api, ladder: Ladder, name: str) -> Any:
+    kube.add_nodes([name])
+    ladder.tick(T0, xid(name, 48))
+    assert ladder.agent(name) is not None
+    ladder.tick(T0 + timedelta(minutes=1))  # reset done → repaired → validating, the Job starts
+    assert ladder.state(name) == NodeState.VALIDATING
+    jobs = k8s.BatchV1Api(admin.api_client).list_namespaced_job(NAMESPACE).items
+    (job,) = [j for j in jobs if j.spec.template.spec.node_name == name]
+    spec = job.spec.template.spec
+    assert {"key": f"{DOMAIN}/quarantined", "operator": "Exists"} in [
+        {"key": t.key, "operator": t.operator} for t in spec.tolerations
+    ]
+    assert spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+    assert spec.containers[0].termination_message_policy == "FallbackToLogsOnError"
+    return job_pod(admin, name)
+
+
+def test_a_passing_validation_job_gates_the_return_and_is_cleaned_up(
+    kube: ControlPlane, admin: k8s.CoreV1Api, validating: Ladder
+) -> None:
+    name = unique("val-pass")
+    pod = repaired_and_validating(kube, admin, validating, name)
+    finish(admin, pod, exit_code=0, message='dcgmi ok\n{"dcgm_level": 2, "passed": true}')
+    validating.tick(T0 + timedelta(minutes=2))  # the Job passed (recorded, cleaned up); hold starts
+    assert validating.state(name) == NodeState.VALIDATING
+    validating.tick(T0 + timedelta(minutes=2, seconds=HOLD))
+    assert validating.state(name) == NodeState.HEALTHY
+    assert any("validation Job healer-validate-" in r and "passed" in r for r in validating.reasons(name))
+    assert validating.tickets() == []
+    with validating.sessions() as s:
+        evidence = s.scalars(
+            select(Transition.evidence)
+            .join(Node, Node.id == Transition.node_id)
+            .where(Node.name == name, Transition.reason.contains("passed"))
+        ).all()
+    assert evidence and evidence[0]["validation"]["result"] == {"dcgm_level": 2, "passed": True}
+    batch = k8s.BatchV1Api(admin.api_client)
+    assert [
+        j for j in batch.list_namespaced_job(NAMESPACE).items if j.spec.template.spec.node_name == name
+    ] == []
+
+
+def test_a_failed_validation_job_reopens_the_incident_with_its_evidence(
+    kube: ControlPlane, admin: k8s.CoreV1Api, validating: Ladder
+) -> None:
+    name = unique("val-fail")
+    pod = repaired_and_validating(kube, admin, validating, name)
+    finish(admin, pod, exit_code=1, message='{"dcgm_level": 2, "passed": false, "failed_test": "memtest"}')
+    validating.tick(T0 + timedelta(minutes=2))
+    assert validating.state(name) == NodeState.AWAITING_REPAIR
+    assert node_obj(admin, name).spec.unschedulable is True
+    assert validating.tickets() == [(name, "acme")]
+    assert any("failed (exit code 1): re-opened" in r for r in validating.reasons(name))
+    with validating.sessions() as s:
+        from healer.store.models import Incident
+
+        incidents = s.scalars(
+            select(Incident)
+            .join(Node, Node.id == Incident.node_id)
+            .where(Node.name == name)
+            .order_by(Incident.id)
+        ).all()
+        assert [i.close_reason for i in incidents] == ["failed validation Job after repair", None]
+        evidence = s.scalars(
+            select(Transition.evidence).where(Transition.incident_id == incidents[1].id)
+        ).all()
+    assert any(
+        (e or {}).get("validation", {}).get("result", {}).get("failed_test") == "memtest" for e in evidence
+    )

@@ -277,3 +277,23 @@ def test_ladder_errors_carry_file_and_line(tmp_path: Path) -> None:
 def test_describe_and_class_strength() -> None:
     assert ladder.strongest_class(["reset", "reboot"]) == "reboot"
     assert ladder.strongest_class(["reset", "fatal-replace"]) == "fatal-replace"
+
+
+@pytest.mark.parametrize(
+    ("phase", "code", "message", "status"),
+    [
+        ("Running", None, "", "running"),
+        ("Succeeded", 0, '{"passed": true, "dcgm_level": 2}', "succeeded"),
+        ("Succeeded", 0, "", "failed"),  # no JSON result line: KWOK's own completion says nothing
+        ("Succeeded", 0, '{"passed": false}', "failed"),
+        ("Failed", 1, '{"passed": true}', "failed"),
+        ("Succeeded", 0, 'log line\n{"passed": true, "nccl_busbw_gbps": 90.0}', "failed"),  # under 100
+        ("Succeeded", 0, '{"passed": true, "nccl_busbw_gbps": 180.5}', "succeeded"),
+    ],
+)
+def test_validation_result_from_exit_code_and_json_line(
+    phase: str, code: int | None, message: str, status: str
+) -> None:
+    from healer.model.validation import judge
+
+    assert judge(phase, code, message, nccl_min_busbw_gbps=100.0).status == status
