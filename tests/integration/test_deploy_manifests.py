@@ -444,6 +444,17 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return found[0]
 
 
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) a Role or ClusterRole grants."""
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
 def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     deployment = _one(objects, "Deployment", "healer")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -609,13 +620,7 @@ def test_cluster_role_is_least_privilege(rendered: dict[str, list[dict[str, Any]
     }
     assert granted == CLUSTER_PERMISSIONS
     role = _one(objects, "Role", "healer-leader-election")
-    leases = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    leases = _grants(role)
     assert leases == LEASE_PERMISSIONS
     for rule in [*role["rules"], *_one(objects, "ClusterRole", "healer")["rules"]]:
         assert "resourceNames" not in rule or rule["resourceNames"]
@@ -871,22 +876,10 @@ def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
     assert result.returncode == 0, result.stderr
     objects = documents(result.stdout)
     role = _one(objects, "ClusterRole", "healer-agent")
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = _grants(role)
     assert granted == {("", "nodes", v) for v in ("get", "list", "watch", "patch")}
     controller_role = _one(objects, "ClusterRole", "healer")
-    assert {
-        (g, r, v)
-        for rule in controller_role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    } == CLUSTER_PERMISSIONS
+    assert _grants(controller_role) == CLUSTER_PERMISSIONS
     binding = _one(objects, "ClusterRoleBinding", "healer-agent")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer-agent", "namespace": NAMESPACE}]
     daemonset = _one(objects, "DaemonSet", "healer-agent")
@@ -921,13 +914,7 @@ def test_validation_jobs_role_only_when_enabled(helm: str, rendered: dict[str, l
     objects = documents(result.stdout)
     role = _one(objects, "Role", "healer-validation")
     assert role["metadata"]["namespace"] == NAMESPACE
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = _grants(role)
     assert granted == VALIDATION_PERMISSIONS
     binding = _one(objects, "RoleBinding", "healer-validation")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer", "namespace": NAMESPACE}]
