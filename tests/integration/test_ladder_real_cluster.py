@@ -29,6 +29,7 @@ from healer.nodeagent.executor import CommandExecutor
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store.models import Node, Ticket, Transition
 from tests.helm import NAMESPACE, rendered_objects, require_helm
+from tests.integration.test_api_support import VIEWER_TOKEN, build_app, http_client, make_settings
 from tests.kube_cluster import ControlPlane
 from tests.services import wait_until
 
@@ -347,6 +348,22 @@ def test_a_gpu_that_failed_on_node_a_goes_straight_to_replacement_on_node_b(
     assert any("GPU-moved failed before after a repair" in r for r in ladder.reasons(b))
     with ladder.sessions() as s:
         assert s.scalar(select(func.count()).select_from(Ticket)) == 1
+    # The parts ledger flags it, with both nodes, and counts the reset that worked on node a.
+    viewer = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+    app = build_app(ladder.sessions, make_settings(), clock=lambda: t + timedelta(minutes=5))
+    with http_client(app) as client:
+        got = client.get("/api/v1/parts", params={"repeat": "true"}, headers=viewer)
+        assert got.status_code == 200, got.text
+        body = got.json()
+        metrics = client.get("/metrics").text
+    (part,) = body["parts"]
+    assert part["id"] == "GPU-moved" and part["repeat"] is True and part["nodes"] == sorted([a, b])
+    assert part["mean_time_between_failures_seconds"] == pytest.approx(7200.0)
+    steps = {(x["step"], x["provider"]): (x["attempts"], x["succeeded"]) for x in body["steps"]}
+    assert steps[("reset-gpu", "node-agent")] == (1, 1)
+    assert steps[("ticket", "acme")] == (1, 0)
+    assert 'healer_repeat_parts{kind="gpu"} 1.0' in metrics
+    assert 'healer_repair_success_ratio{provider="node-agent",step="reset-gpu"} 1.0' in metrics
 
 
 # --- the validation Job before return ---------------------------------------------------------------
