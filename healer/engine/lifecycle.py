@@ -20,6 +20,15 @@
               clear; the next firing opens a new incident
     unknown   no data (exporter down or stale) or the node was deleted: neither healthy nor faulty
 
+Remediation ladder (a rule's ``ladder``, or its class's default: :mod:`healer.engine.ladder`):
+where a rule would ask for its ticket, its ladder's first step starts instead (``awaiting_repair``
+with the step in the incident's memory). ``reset-gpu``/``reboot`` publish a signed request to the
+node agent (:class:`RequestRepair`); its answer (``succeeded``) moves the node to ``repaired`` and
+on to ``validating``; a failed or refused answer, the step's timeout, or the finding firing again
+while validating escalate to the next step (``ticket``: the replacement; ``notify``: an Event).
+With validation Jobs on (:class:`StartValidation`), ``validating`` also waits for the Job to pass;
+a failed Job re-opens the incident (a new one, asking for the replacement) with its result.
+
 :func:`decide` walks :data:`TABLE`, a list of (states, condition) → step rows, and returns the
 first row's step; the reconciler (``healer.controller.reconcile``) asks :mod:`healer.engine.safety` whether a
 step that touches the node may run, runs its :class:`Effect` values through ``NodeActions`` and
