@@ -9,6 +9,7 @@ agent answers in ``<domain>/repair-result``, which the next observe reads.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -80,4 +81,12 @@ def xid_catalog(settings: Settings) -> XidCatalog | None:
         first = Path(settings.rules_paths[0])
         guess = (first if first.is_dir() else first.parent) / "catalog" / "xid-catalog.yaml"
         path = guess if guess.is_file() else None
-    return load_xid_catalog(path) if path is not None else None
+    if path is None:
+        return None
+    return _catalog(str(path), Path(path).stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog(path: str, mtime_ns: int) -> XidCatalog:
+    """The catalog at ``path``, parsed once per version of the file (``mtime_ns``)."""
+    return load_xid_catalog(Path(path))
