@@ -302,6 +302,88 @@ class TicketSettings(_Group):
         return value
 
 
+class RepairSettings(_Group):
+    """Remediation ladders' repairs (GPU reset, node reboot) by the node agent (``healer agent``).
+
+    The controller signs each request (HMAC-SHA256 with the secret, mounted from a Secret into both
+    the controller and the agent) and publishes it on the Node; see ``healer.model.repair``.
+    """
+
+    actions: list[Literal["reset-gpu", "reboot"]] = Field(
+        default_factory=list,
+        description=(
+            "Repairs a node agent (or a provider API) carries out here. Empty (default): ladders "
+            "skip reset-gpu and reboot (recorded) and go on to their ticket."
+        ),
+    )
+    secret_env: str | None = Field(None, description="Env var holding the request-signing secret.")
+    secret_file: Path | None = Field(
+        None, description="File holding the request-signing secret (Secret mount)."
+    )
+    request_ttl_seconds: float = Field(
+        600.0, gt=0, description="A request expires this long after it is made, seconds."
+    )
+    xid_catalog: Path | None = Field(
+        None,
+        description=(
+            "Xid catalog giving the default ladders' classes; unset = catalog/xid-catalog.yaml in "
+            "the first rules path, when there (else every Xid is class unknown: ticket)."
+        ),
+    )
+    agent_commands: dict[str, list[str]] = Field(
+        default_factory=lambda: {
+            "reset-gpu": ["nvidia-smi", "-r", "-i", "{gpu}"],
+            "reboot": ["systemctl", "reboot"],
+        },
+        description="The agent's command per action ({gpu} is the GPU index); exit 0 = succeeded.",
+    )
+    agent_executor: str | None = Field(
+        None,
+        description="'module:factory' of another executor (a provider's API) instead of the commands.",
+    )
+    agent_command_timeout_seconds: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _secret_when_acting(self) -> RepairSettings:
+        if self.actions and not (self.secret_env or self.secret_file):
+            raise ValueError(
+                "repair.actions needs repair.secret_env or repair.secret_file (requests are signed)"
+            )
+        return self
+
+
+class ValidationSettings(_Group):
+    """The validation Job run on a repaired node before it returns (``healer.actions.validation``).
+
+    Its container's last line of termination message is a JSON result (``healer.model.validation``).
+    """
+
+    enabled: bool = Field(False, description="Gate every return to service on a validation Job.")
+    namespace: str = Field("healer-system", description="Namespace of the validation Jobs.")
+    image: str = Field(
+        "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04", description="An image with dcgmi."
+    )
+    command: list[str] = Field(
+        default_factory=lambda: [
+            "/bin/sh",
+            "-c",
+            "dcgmi diag -r {level} > /tmp/diag.txt 2>&1; rc=$?; "
+            'if [ $rc = 0 ]; then p=true; else p=false; fi; '
+            'printf \'{"dcgm_level": {level}, "passed": %s, "exit_code": %s}\\n\' $p $rc '
+            "> /dev/termination-log; exit $rc",
+        ],
+        description="The command ({level}: dcgm_level); it writes a JSON line to /dev/termination-log.",
+    )
+    dcgm_level: int = Field(2, ge=1, le=4, description="DCGM diagnostics level (dcgmi diag -r).")
+    nccl_min_busbw_gbps: float | None = Field(
+        None, gt=0, description="Fail when the result's nccl_busbw_gbps is under it, GB/s (None: unchecked)."
+    )
+    timeout_seconds: int = Field(3600, ge=60, description="The Job's activeDeadlineSeconds.")
+    gpu_resource: str = Field(
+        "nvidia.com/gpu", description="The extended resource requested (all the node has)."
+    )
+
+
 class ApiToken(_Group):
     """A bearer token and the role it grants. Give the token through the environment, not a file in git."""
 
@@ -352,6 +434,8 @@ class Settings(BaseSettings):
     safety: SafetySettings = Field(default_factory=SafetySettings)
     tickets: TicketSettings = Field(default_factory=TicketSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    repair: RepairSettings = Field(default_factory=RepairSettings)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
 
     @classmethod
     def settings_customise_sources(

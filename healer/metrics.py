@@ -16,7 +16,7 @@ Nothing here is a module-level global: the composition root builds one :class:`H
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -26,9 +26,11 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.clock import utc_now
 from healer.model.findings import UnresolvedSeries
 from healer.model.states import FindingState, NodeState, OutboxStatus, RuleHealth
 from healer.store import nodes as repo
+from healer.store import parts
 from healer.store.models import Finding, Incident, Node, OutboxMessage
 
 #: Tick durations, seconds: a tick is a handful of PromQL queries plus database writes; the
@@ -155,6 +157,7 @@ class DatabaseCollector(Collector):
         try:
             with self._session_factory() as session:
                 families = list(_state_families(session))
+                families += list(_ledger_families(session, utc_now()))
         except SQLAlchemyError:
             up.add_metric([], 0.0)
             yield up
@@ -162,6 +165,58 @@ class DatabaseCollector(Collector):
         up.add_metric([], 1.0)
         yield up
         yield from families
+
+
+#: How far back the parts ledger's metrics look.
+LEDGER_WINDOW = timedelta(days=90)
+
+
+def _ledger_families(session: Session, now: datetime) -> Iterable[Metric]:
+    """Repair outcomes per step and provider, repeat parts and time between failures
+    (:mod:`healer.store.parts`), over :data:`LEDGER_WINDOW`."""
+    book = parts.ledger(session, since=now - LEDGER_WINDOW)
+    steps = GaugeMetricFamily(
+        "healer_repair_steps",
+        "Remediation ladder steps started in the last 90 days, by step, provider and outcome "
+        "(succeeded: the node returned after it; escalated: it did not, or not yet).",
+        labels=["step", "provider", "outcome"],
+    )
+    rate = GaugeMetricFamily(
+        "healer_repair_success_ratio",
+        "Share of a step's attempts after which the node returned.",
+        labels=["step", "provider"],
+    )
+    for s in book.steps:
+        steps.add_metric([s.step, s.provider, "succeeded"], float(s.succeeded))
+        steps.add_metric([s.step, s.provider, "escalated"], float(s.attempts - s.succeeded))
+        if s.success_rate is not None:
+            rate.add_metric([s.step, s.provider], s.success_rate)
+    yield steps
+    yield rate
+    repeat = GaugeMetricFamily(
+        "healer_repeat_parts",
+        "Parts (GPU UUID, HCA) that failed again after a repair, by kind.",
+        labels=["kind"],
+    )
+    for kind in ("gpu", "hca"):
+        repeat.add_metric([kind], float(sum(1 for p in book.parts if p.repeat and p.kind == kind)))
+    yield repeat
+    mtbf = GaugeMetricFamily(
+        "healer_node_mean_time_between_failures_seconds",
+        "Mean time between a node's failures (nodes that failed twice or more), seconds.",
+        labels=["node"],
+    )
+    for node, seconds in sorted(book.node_mtbf().items()):
+        mtbf.add_metric([node], seconds)
+    yield mtbf
+    part_gaps = [g for p in book.parts if (g := p.mean_time_between_failures_seconds) is not None]
+    fleet = GaugeMetricFamily(
+        "healer_part_mean_time_between_failures_seconds",
+        "Mean over parts that failed twice or more of their mean time between failures, seconds.",
+    )
+    if part_gaps:
+        fleet.add_metric([], sum(part_gaps) / len(part_gaps))
+    yield fleet
 
 
 def _state_families(session: Session) -> Iterable[Metric]:

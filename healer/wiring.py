@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from healer.actions.base import NodeActions
     from healer.actions.kubernetes import KubernetesNodeActions
+    from healer.actions.validation import ValidationJobs
     from healer.controller import Controller
     from healer.metrics import HealerMetrics
     from healer.model.addresses import AddressBook
@@ -231,6 +232,15 @@ class Process:
     app: FastAPI
 
 
+def validation_jobs(settings: Settings, api_client: ApiClient) -> ValidationJobs | None:
+    """The validation Jobs adapter when ``validation.enabled`` and healer acts (not dry-run)."""
+    from healer.actions.validation import ValidationJobs
+
+    if not settings.validation.enabled or settings.safety.dry_run:
+        return None
+    return ValidationJobs(api_client, settings.validation, settings.kubernetes)
+
+
 def build_process(
     settings: Settings,
     *,
@@ -276,6 +286,7 @@ def build_process(
         node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
+        validator=validation_jobs(settings, api_client),
     )
     app = dashboard(
         settings,

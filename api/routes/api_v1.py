@@ -11,6 +11,7 @@ cannot be attached by a cross-site browser request, so those are exempt).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -182,6 +183,49 @@ def list_rules(session: SessionDep, now: NowDep, ruleset: RuleSetDep, prometheus
     and rejected reloads."""
     page = queries.rules_page(session, ruleset=ruleset, now=now)
     return with_inputs(page, check_inputs(prometheus, ruleset, now=now))
+
+
+@router.get("/parts", summary="Parts ledger")
+def parts_ledger(
+    session: SessionDep,
+    now: NowDep,
+    days: Annotated[int, Query(ge=1, le=365, description="Look back this many days.")] = 90,
+    repeat: Annotated[bool, Query(description="Only parts that failed again after a repair.")] = False,
+) -> dict[str, object]:
+    """Parts (GPU UUID and serial, HCA) with their failures, nodes and repeat flag; repair outcomes
+    per step and provider; mean time between failures per part and per node, seconds."""
+    from healer.store import parts
+
+    book = parts.ledger(session, since=now - timedelta(days=days))
+    return {
+        "parts": [
+            {
+                "kind": p.kind,
+                "id": p.id,
+                "serial": p.serial,
+                "repeat": p.repeat,
+                "nodes": p.nodes,
+                "failures": [
+                    {"at": at.isoformat(), "node": node, "incident": inc} for at, node, inc in p.failures
+                ],
+                "repaired_incidents": sorted(p.repaired_incidents),
+                "mean_time_between_failures_seconds": p.mean_time_between_failures_seconds,
+            }
+            for p in book.parts
+            if p.repeat or not repeat
+        ],
+        "steps": [
+            {
+                "step": s.step,
+                "provider": s.provider,
+                "attempts": s.attempts,
+                "succeeded": s.succeeded,
+                "success_rate": s.success_rate,
+            }
+            for s in book.steps
+        ],
+        "node_mean_time_between_failures_seconds": book.node_mtbf(),
+    }
 
 
 @router.get("/audit", response_model=Page[ActionOut], summary="Audit log")

@@ -87,6 +87,10 @@ class NodeActions(Protocol):
     ) -> DrainReport:
         """Evict what can be evicted now (kubectl drain filters; 429 = PodDisruptionBudget, retry later)."""
 
+    def annotate(self, node: NodeRef, annotations: dict[str, str | None], *, what: str) -> NodeView:
+        """Set (None: remove) annotations on the node in one patch (a repair request for the node
+        agent); ``what`` names the write in logs and records. The node after it."""
+
     def release(self, node: NodeRef, *, now: datetime | None = None) -> NodeView:
         """Undo what healer did: remove its taint and annotations, set its condition back to healthy
         (at ``now``); uncordon only if healer cordoned it (its annotation is present)."""

@@ -137,6 +137,12 @@ class RecordingNodeActions:
             self._record("release", view.name, now=self.clock(), detail={})
         return view
 
+    def annotate(self, node: NodeRef, annotations: dict[str, str | None], *, what: str) -> NodeView:
+        """Record ``what`` (e.g. ``repair-request``) with the annotations it would set."""
+        view = self._view(node)
+        self._record(what, view.name, now=self.clock(), detail={"annotations": dict(annotations)})
+        return view
+
     def cordon(self, node: NodeRef, ownership: Ownership) -> NodeView:
         """Record ``cordon`` (incident, reason, since)."""
         return self.edit(node, NodeEdit(cordon=ownership))

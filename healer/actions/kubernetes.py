@@ -323,6 +323,15 @@ class KubernetesNodeActions:
             body["spec"] = spec
         return body or None
 
+    def annotate(self, node: NodeRef, annotations: dict[str, str | None], *, what: str) -> NodeView:
+        """Set (None: remove) ``annotations`` in one strategic-merge patch; nothing is sent when the
+        node already carries them. Raises ``KubernetesNotFound`` when the node is gone."""
+        view = self._view(node)
+        wanted = {k: v for k, v in annotations.items() if view.annotations.get(k) != v}
+        if not wanted:
+            return view
+        return node_view(self._patch(view.name, {"metadata": {"annotations": wanted}}, what))
+
     def cordon(self, node: NodeRef, ownership: Ownership) -> NodeView:
         """:meth:`edit` with a cordon only."""
         return self.edit(node, NodeEdit(cordon=ownership))

@@ -13,6 +13,7 @@ import typer
 
 from healer import __version__
 from healer.cli import (
+    agent,
     backtest,
     breaker,
     db,
@@ -83,6 +84,7 @@ app.command("backtest")(backtest.backtest)
 app.command("run")(run.run)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("agent")(agent.agent)
 app.add_typer(node.app, name="node")
 app.add_typer(breaker.app, name="breaker")
 app.command("pause")(pause.pause)

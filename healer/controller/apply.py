@@ -18,6 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
+from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.errors import KubernetesError, KubernetesNotFound
 from healer.model.drain import DrainOptions, DrainReport
@@ -64,11 +66,16 @@ def apply(
     actor: str,
     drain: DrainPlan | None = None,
     check: Callable[[], None] = lambda: None,
+    repair: RepairPublisher | None = None,
+    validator: ValidationJobs | None = None,
 ) -> Applied:
     """Run ``step``'s effects on the node ``view`` (as read this reconcile).
 
     ``check`` runs before each effect (the fence: raises ``NotLeader`` when this replica no longer
     leads, which propagates: what was applied so far is settled by the ownership reconcile).
+
+    ``RequestRepair`` is signed by ``repair`` and written on the node for its agent (a
+    ``KubernetesError``-style failure when no publisher is configured).
 
     ``StartDrain`` and ``RequestTicket`` are recorded, not applied here. Raises
     ``KubernetesNotFound`` (the node is gone); any other Kubernetes error ends the step with the
@@ -120,6 +127,25 @@ def apply(
                     applied.drain = actions.drain_step(
                         node, started_at=plan.started_at, now=now, options=plan.options
                     )
+                case lc.RequestRepair():
+                    if repair is None:
+                        raise KubernetesError("no repair publisher: repair.actions or its secret unset")
+                    request = repair.request(view.name, effect, incident=incident_id or 0, now=now)
+                    annotations: dict[str, str | None] = {repair.key: request.signed(repair.secret)}
+                    applied.view = actions.annotate(node, annotations, what="repair-request")
+                    node = applied.view
+                    detail = {"action": request.action, "gpu": request.gpu, "nonce": request.nonce,
+                              "expires": request.expires}
+                    applied.done.append(Done("repair-request", detail, status))
+                case lc.StartValidation(job=job):
+                    if validator is None:
+                        raise KubernetesError("no validation Jobs configured (validation.enabled)")
+                    validator.start(node, job, incident_id or 0)
+                    applied.done.append(Done("validation-job", {"job": job, "node": node.name}, status))
+                case lc.CleanupValidation(job=job):
+                    if validator is not None:
+                        validator.delete(job)
+                        applied.done.append(Done("validation-cleanup", {"job": job}, status))
                 case lc.StartDrain() | lc.RequestTicket():
                     pass
         except KubernetesNotFound:

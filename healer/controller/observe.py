@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -21,11 +22,12 @@ from healer.errors import KubernetesError, KubernetesNotFound
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding, TickFindings
 from healer.model.node import DEFAULT_POOL, NodeView, OwnershipKeys, pool_of
+from healer.model.repair import RepairResult, result_key
 from healer.model.states import NodeState, TicketStatus
-from healer.ruleset.schema import DrainAction
+from healer.ruleset.schema import DrainAction, LadderStep
 from healer.store import nodes as repo
 from healer.store.evaluations import finding_from_row
-from healer.store.models import Action, Incident, Node, Ticket
+from healer.store.models import Action, Incident, Node, Ticket, Transition
 from healer.store.models import Finding as FindingRow
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,10 @@ def observe(
         drain=drain,
         notified=_notified(session, node),
         owned=labels.owned(view),
+        repair_result=RepairResult.parse(view.annotations.get(result_key(labels.domain))) if view else None,
+        repeat_parts=(
+            _repeat_parts(session, node, incident, firing, now) if _ladder_may_start(node) else frozenset()
+        ),
     )
     return Observation(node=node, incident=incident, facts=facts)
 
@@ -156,7 +162,60 @@ def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) ->
         blocked_step=incident.blocked_step,
         clear_since=incident.clear_since,
         ticket=ticket,
+        ladder=ladder_steps(incident.ladder),
+        ladder_index=incident.ladder_index,
+        ladder_started_at=incident.ladder_started_at,
+        repair_nonce=incident.repair_nonce,
+        validation=incident.validation,
     )
+
+
+_STEPS: TypeAdapter[list[LadderStep]] = TypeAdapter(list[LadderStep])
+
+
+def ladder_steps(stored: list[object] | None) -> tuple[LadderStep, ...]:
+    """The incident's ladder as the rule schema's steps (a step no longer valid ends it there)."""
+    if not stored:
+        return ()
+    try:
+        return tuple(_STEPS.validate_python(stored))
+    except ValidationError:
+        log.warning("an incident's stored ladder no longer validates: treated as exhausted")
+        return ()
+
+
+def _ladder_may_start(node: Node) -> bool:
+    return node.state in (NodeState.QUARANTINED, NodeState.DRAINING)
+
+
+#: How far back a repaired part's failure counts as a repeat (days), as tickets' repeat window.
+REPEAT_WINDOW = timedelta(days=30)
+
+
+def _repeat_parts(
+    session: Session, node: Node, incident: Incident | None, firing: tuple[Finding, ...], now: datetime
+) -> frozenset[str]:
+    """GPU UUIDs among ``firing`` that failed before, on any node, in an incident repaired (moved to
+    ``repaired``) within :data:`REPEAT_WINDOW`: the parts ledger's repeat offenders, which go
+    straight to replacement. Read from the evidence (series labels) of those incidents' steps."""
+    uuids = {u for f in firing if (u := f.labels.get("UUID"))}
+    if not uuids:
+        return frozenset()
+    repaired = select(Transition.incident_id).where(
+        Transition.to_state == NodeState.REPAIRED.value, Transition.at >= now - REPEAT_WINDOW
+    )
+    query = select(Transition.evidence).where(
+        Transition.incident_id.in_(repaired), Transition.to_state == NodeState.QUARANTINED.value
+    )
+    if incident is not None:
+        query = query.where(Transition.incident_id != incident.id)
+    seen: set[str] = set()
+    for evidence in session.scalars(query):
+        for item in (evidence or {}).get("findings") or []:
+            uuid = ((item or {}).get("labels") or {}).get("UUID")
+            if uuid in uuids:
+                seen.add(uuid)
+    return frozenset(seen)
 
 
 def _notified(session: Session, node: Node) -> frozenset[str]:

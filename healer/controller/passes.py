@@ -25,9 +25,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.config import Settings
 from healer.controller import fleet as fleet_facts
-from healer.controller import sticky_values
+from healer.controller import repair, sticky_values
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Seen, read
@@ -72,6 +73,7 @@ def _reconciler(
     findings: TickFindings | None = None,
     recovery_hold_seconds: float | None = None,
     fence: Fence | None = None,
+    validator: ValidationJobs | None = None,
 ) -> Reconciler:
     """The pass's reconciler from (rules, actions, sessions, now, actor) and the settings."""
     rules, actions, sessions, now, actor = pass_inputs
@@ -92,6 +94,9 @@ def _reconciler(
         recovery_hold_seconds=hold,
         findings=findings,
         fence=fence or Fence(),
+        repair=repair.publisher(settings),
+        xid_catalog=repair.xid_catalog(settings),
+        validator=validator,
     )
 
 
@@ -134,6 +139,7 @@ def remediate(
     fence: Fence | None = None,
     coverage: Mapping[str, frozenset[str]] | None = None,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    validator: ValidationJobs | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
 
@@ -159,6 +165,8 @@ def remediate(
             None, or a rule missing: the labelled pools.
         node_labels: node → its Kubernetes labels, for rules naming their pool by
             ``pool.node_selector``; None: such rules count over the labelled pools.
+        validator: validation Jobs (``healer.actions.validation``): every return to service waits
+            for one to pass. None: the recovery hold alone decides.
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
@@ -171,7 +179,12 @@ def remediate(
     limits = settings.safety.limits()
     inputs = (rules, actions, session_factory, now, actor)
     rec = _reconciler(
-        settings, inputs, findings=findings, recovery_hold_seconds=recovery_hold_seconds, fence=fence
+        settings,
+        inputs,
+        findings=findings,
+        recovery_hold_seconds=recovery_hold_seconds,
+        fence=fence,
+        validator=validator,
     )
     result = RemediationResult(at=now)
     with transaction(session_factory) as session:

@@ -40,19 +40,22 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.controller import sticky_values
 from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Observation, Seen, observe
 from healer.controller.record import Recorder
+from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.engine import pools as engine_pools
 from healer.engine import safety
-from healer.errors import KubernetesNotFound, StaleState
+from healer.errors import KubernetesError, KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
 from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
 from healer.ruleset.schema import RuleSet
+from healer.ruleset.xid_catalog import XidCatalog
 from healer.store import nodes as repo
 from healer.store.session import transaction
 
@@ -111,11 +114,19 @@ class Reconciler:
     held: list[str] = field(default_factory=list)
     fence: Fence = field(default_factory=Fence)
     pools: engine_pools.Pools | None = None
+    repair: RepairPublisher | None = None
+    xid_catalog: XidCatalog | None = None
+    validator: ValidationJobs | None = None
 
     def __post_init__(self) -> None:
         self._removing = set(engine_pools.removing_rules(self.rules))
         self.ctx = lc.Context(
-            rules=self.rules, now=self.now, recovery_hold_seconds=self.recovery_hold_seconds
+            rules=self.rules,
+            now=self.now,
+            recovery_hold_seconds=self.recovery_hold_seconds,
+            xid_catalog=self.xid_catalog,
+            repair_actions=self.repair.actions if self.repair else frozenset(),
+            validate_with_job=self.validator is not None,
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self.record = Recorder(
@@ -201,6 +212,7 @@ class Reconciler:
                 drain=report,
                 sticky_rules=self.sticky_rules,
             )
+            obs.facts = self._with_validation(obs.facts)
             wanted = lc.notices(obs.facts, self.ctx) if notices else []
             approved, state = self._judge_notices(session, obs, wanted, state)
             plan = _Plan(
@@ -245,6 +257,8 @@ class Reconciler:
             actor=self.actor,
             drain=plan.drain,
             check=self.fence.check,
+            repair=self.repair,
+            validator=self.validator,
         )
 
     def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
@@ -277,6 +291,19 @@ class Reconciler:
             self.record.effects(session, node, repo.open_incident(session, node), applied.done, plan.step)
 
     # -- helpers --
+
+    def _with_validation(self, facts: lc.NodeFacts) -> lc.NodeFacts:
+        """The facts with the running validation Job's outcome read (one list of its pods)."""
+        inc = facts.incident
+        job = inc.validation if inc is not None else None
+        if self.validator is None or not job or job.get("status") != "running":
+            return facts
+        try:
+            result = self.validator.result(str(job["job"]))
+        except KubernetesError as exc:
+            log.warning("node %s: validation job %s not read: %s", facts.name, job.get("job"), exc)
+            return facts
+        return replace(facts, validation=result)
 
     def _request(self, obs: Observation, step: lc.Step) -> safety.Request:
         view = obs.facts.view

@@ -216,6 +216,12 @@ def _remember(incident: Incident, step: lc.Step) -> None:
     incident.cordoned_by_healer = after.cordoned_by_healer
     incident.expect_unschedulable = after.expect_unschedulable
     incident.clear_since = after.clear_since
+    if step.memory.ladder is not None:
+        incident.ladder = [stp.model_dump(mode="json") for stp in after.ladder]
+    incident.ladder_index = after.ladder_index
+    incident.ladder_started_at = after.ladder_started_at
+    incident.repair_nonce = after.repair_nonce
+    incident.validation = after.validation
     if step.memory.blocked_step is not None:
         incident.blocked_reason = step.reason
     elif after.blocked_step is None:

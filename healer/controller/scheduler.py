@@ -34,6 +34,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
+from healer.actions.validation import ValidationJobs
 from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
@@ -134,6 +135,7 @@ class Controller:
     owned: Callable[[], list[NodeView]] = list
     #: The cluster's node and exporter pod addresses, for series without a node label; None = none.
     addresses: Callable[[], AddressBook] | None = None
+    validator: ValidationJobs | None = None  # validation Jobs (validation.enabled, not dry-run)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -255,6 +257,7 @@ class Controller:
                     fence=self.fence(),
                     coverage=self._observe_coverage(ruleset, now),
                     node_labels=self._node_labels(ruleset),
+                    validator=self.validator,
                 )
                 self._count(result)
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]

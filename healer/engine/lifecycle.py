@@ -20,6 +20,15 @@
               clear; the next firing opens a new incident
     unknown   no data (exporter down or stale) or the node was deleted: neither healthy nor faulty
 
+Remediation ladder (a rule's ``ladder``, or its class's default: :mod:`healer.engine.ladder`):
+where a rule would ask for its ticket, its ladder's first step starts instead (``awaiting_repair``
+with the step in the incident's memory). ``reset-gpu``/``reboot`` publish a signed request to the
+node agent (:class:`RequestRepair`); its answer (``succeeded``) moves the node to ``repaired`` and
+on to ``validating``; a failed or refused answer, the step's timeout, or the finding firing again
+while validating escalate to the next step (``ticket``: the replacement; ``notify``: an Event).
+With validation Jobs on (:class:`StartValidation`), ``validating`` also waits for the Job to pass;
+a failed Job re-opens the incident (a new one, asking for the replacement) with its result.
+
 :func:`decide` walks :data:`TABLE`, a list of (states, condition) → step rows, and returns the
 first row's step; the reconciler (``healer.controller.reconcile``) asks :mod:`healer.engine.safety` whether a
 step that touches the node may run, runs its :class:`Effect` values through ``NodeActions`` and
@@ -44,20 +53,27 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TypeVar
 
+from healer.engine import ladder as ladders
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding
 from healer.model.node import NodeView, TaintEffect
+from healer.model.repair import RepairResult
 from healer.model.states import FindingState, NodeState, TicketStatus
+from healer.model.validation import ValidationResult
 from healer.ruleset.durations import format_duration
 from healer.ruleset.schema import (
     DrainAction,
+    LadderStep,
     NotifyAction,
+    NotifyStep,
     QuarantineAction,
     Rule,
     RuleSet,
     TaintAction,
     TicketAction,
+    TicketStep,
 )
+from healer.ruleset.xid_catalog import XidCatalog
 
 #: Recovery hold when the rule sets none, seconds: a node must stay clear this long in
 #: ``validating`` before healer hands it back (medik8s ``healthyDelay``).
@@ -143,7 +159,45 @@ class Release:
     """Remove healer's taint, condition and annotations; uncordon only if healer cordoned it."""
 
 
-Effect = Cordon | Taint | SetCondition | Event | StartDrain | DrainStep | RequestTicket | Release
+@dataclass(frozen=True)
+class RequestRepair:
+    """Ask the node agent (or the provider's API) for ``action`` on the node (``gpu`` for a reset):
+    a signed request the controller publishes (:mod:`healer.model.repair`); ``nonce`` ties the
+    agent's answer to this ladder step; ``timeout_seconds`` is the step's timeout."""
+
+    action: str
+    gpu: str | None
+    nonce: str
+    timeout_seconds: float
+
+
+@dataclass(frozen=True)
+class StartValidation:
+    """Run the validation Job ``job`` pinned to the node (all its GPUs, tolerating healer's taint)."""
+
+    job: str
+
+
+@dataclass(frozen=True)
+class CleanupValidation:
+    """Delete the validation Job ``job`` (its result is in the record)."""
+
+    job: str
+
+
+Effect = (
+    Cordon
+    | Taint
+    | SetCondition
+    | Event
+    | StartDrain
+    | DrainStep
+    | RequestTicket
+    | Release
+    | RequestRepair
+    | StartValidation
+    | CleanupValidation
+)
 
 
 class StepKind(StrEnum):
@@ -154,6 +208,7 @@ class StepKind(StrEnum):
     TICKET = "ticket"
     RELEASE = "release"  # hands the node back (uncordon when healer cordoned)
     NOTIFY = "notify"  # an Event only
+    REPAIR = "repair"  # a GPU reset or node reboot by the node agent (the node is already out)
     RECORD = "record"  # bookkeeping: a transition with no effect on the node
 
 
@@ -172,6 +227,14 @@ class IncidentFacts:
     blocked_step: str | None = None  # "quarantine" (node untouched) | "drain" (node cordoned)
     clear_since: datetime | None = None
     ticket: TicketStatus | None = None  # the latest ticket of the incident; None = none requested
+    # The remediation ladder (healer.engine.ladder): its steps as chosen when it started, the step
+    # in progress (None = no ladder; len(ladder) = exhausted), since when, and the repair's nonce.
+    ladder: tuple[LadderStep, ...] = ()
+    ladder_index: int | None = None
+    ladder_started_at: datetime | None = None
+    repair_nonce: str | None = None
+    # The validation Job of this incident: {"job", "status" (running|succeeded|failed), "result"}.
+    validation: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +262,9 @@ class NodeFacts:
     drain: DrainReport | None = None
     notified: frozenset[str] = frozenset()
     owned: bool = False
+    repair_result: RepairResult | None = None  # the node agent's last answer (node annotation)
+    repeat_parts: frozenset[str] = frozenset()  # GPU UUIDs that failed before after a repair
+    validation: ValidationResult | None = None  # the incident's validation Job as read this tick
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -215,6 +281,11 @@ class Memory:
     blocked_step: str | None = None
     clear_since: datetime | None = None
     reset_clear: bool = False
+    ladder: tuple[LadderStep, ...] | None = None
+    ladder_index: int | None = None
+    ladder_started_at: datetime | None = None
+    repair_nonce: str | None = None
+    validation: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -262,11 +333,18 @@ _SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 @dataclass(frozen=True)
 class Context:
-    """The tick's fixed inputs: the rule set, ``now`` and the default recovery hold (seconds)."""
+    """The tick's fixed inputs: the rule set, ``now``, the default recovery hold (seconds), the Xid
+    catalog (classes for the default ladders) and the repair actions available."""
 
     rules: RuleSet
     now: datetime
     recovery_hold_seconds: float = DEFAULT_RECOVERY_HOLD_SECONDS
+    xid_catalog: XidCatalog | None = None
+    #: Repair steps someone can carry out (a node agent or a provider API is configured); the
+    #: ladder skips the others (recorded), so a fleet without an agent goes straight to the ticket.
+    repair_actions: frozenset[str] = frozenset()
+    #: A validation Job gates every return to service (``validation.enabled``).
+    validate_with_job: bool = False
 
     def rule(self, name: str | None) -> Rule | None:
         if name is None:
@@ -453,7 +531,12 @@ def _ticket_effects(rule: Rule | None) -> tuple[Effect, ...]:
 
 
 def _after_hold(facts: NodeFacts, ctx: Context, rule: Rule | None, *, reason: str, row: str) -> Step:
-    """Quarantined (or drained) → awaiting_repair, asking for a ticket when the rule says so."""
+    """Quarantined (or drained) → awaiting_repair, asking for a ticket when the rule says so, or
+    starting the rule's remediation ladder."""
+    if rule is not None and ladders.has_ladder(rule):
+        started = _start_ladder(facts, ctx, rule, reason=reason, row=row)
+        if started is not None:
+            return started
     tickets = _ticket_effects(rule)
     return Step(
         kind=StepKind.TICKET if tickets else StepKind.RECORD,
@@ -474,6 +557,275 @@ def _acting_rule(facts: NodeFacts, ctx: Context) -> Rule | None:
     if inc_rule in names:
         return ctx.rules.rule(inc_rule)
     return ctx.rules.rule(names[0]) if names else None
+
+
+# --- the remediation ladder (healer.engine.ladder) -------------------------------------------------
+
+
+def _rule_findings(facts: NodeFacts, rule: Rule) -> list[Finding]:
+    return [f for f in facts.firing if f.rule == rule.name]
+
+
+def _start_ladder(facts: NodeFacts, ctx: Context, rule: Rule, *, reason: str, row: str) -> Step | None:
+    """The ladder's first step; the ladder chosen (by rule, class or a repeat part) is remembered."""
+    found = _rule_findings(facts, rule)
+    repeat = sorted({u for f in found if (u := f.labels.get("UUID")) and u in facts.repeat_parts})
+    steps, why = ladders.ladder_for(rule, found, ctx.xid_catalog, repeat=bool(repeat))
+    if not steps:
+        return None
+    if repeat:
+        why = f"GPU {', '.join(repeat)} failed before after a repair: straight to replacement"
+    text = f"{reason}; ladder {ladders.describe(steps)} ({why})"
+    step = _ladder_step(facts, ctx, steps, 0, reason=text, row=row)
+    evidence = dict(step.evidence or {})
+    evidence["ladder"] = {"steps": ladders.describe(steps), "why": why, "repeat_parts": repeat}
+    return replace(step, evidence=evidence, memory=replace(step.memory, ladder=steps))
+
+
+def _gpu_of(facts: NodeFacts, rule_name: str | None) -> str | None:
+    for finding in facts.firing:
+        if finding.rule == rule_name and finding.gpu:
+            return finding.gpu
+    return None
+
+
+def _ladder_step(
+    facts: NodeFacts, ctx: Context, steps: Sequence[LadderStep], index: int, *, reason: str, row: str
+) -> Step:
+    """Take step ``index`` of ``steps`` (skipping repairs nobody can carry out, recorded), or record
+    the ladder exhausted when none is left."""
+    skipped: list[str] = []
+    while index < len(steps) and steps[index].kind in ("reset-gpu", "reboot") and (
+        steps[index].kind not in ctx.repair_actions
+    ):
+        skipped.append(steps[index].kind)
+        index += 1
+    note = f" ({', '.join(skipped)} skipped: no node agent or provider API configured)" if skipped else ""
+    memory = Memory(ladder_index=index, ladder_started_at=ctx.now, repair_nonce="", reset_clear=True)
+    evidence = _evidence(_concerning(facts, ctx))
+    base = dict(to=NodeState.AWAITING_REPAIR, evidence=evidence, memory=memory, already_out=True, row=row)
+    if index >= len(steps):
+        return Step(
+            StepKind.RECORD,
+            reason=f"{reason}{note}: remediation ladder exhausted, waiting for a human",
+            effects=(Event("HealerLadderExhausted", "remediation ladder exhausted: waiting for a human"),),
+            **base,  # type: ignore[arg-type]
+        )
+    step = steps[index]
+    text = f"{reason}{note}: step {index + 1}/{len(steps)} {step.label()}"
+    inc_rule = facts.incident.rule if facts.incident else None
+    if step.kind in ("reset-gpu", "reboot"):
+        gpu = _gpu_of(facts, inc_rule) if step.kind == "reset-gpu" else None
+        incident = facts.incident.id if facts.incident else 0
+        nonce = f"{incident}-{index}-{int(ctx.now.timestamp())}"
+        where = f" GPU {gpu}" if gpu else ""
+        return Step(
+            StepKind.REPAIR,
+            reason=text,
+            effects=(
+                RequestRepair(action=step.kind, gpu=gpu, nonce=nonce, timeout_seconds=step.timeout),
+                Event(
+                    "HealerRepairRequested",
+                    f"{step.kind}{where} requested from the node agent ({step.label()})",
+                ),
+            ),
+            **{**base, "memory": replace(memory, repair_nonce=nonce)},  # type: ignore[arg-type]
+        )
+    if step.kind == "ticket":
+        assert isinstance(step, TicketStep)
+        return Step(
+            StepKind.TICKET,
+            reason=text,
+            effects=(RequestTicket(provider=step.provider, template=step.template),),
+            **base,  # type: ignore[arg-type]
+        )
+    assert isinstance(step, NotifyStep)
+    message = step.message or f"remediation ladder: {step.label()} for rule {inc_rule}"
+    return Step(StepKind.NOTIFY, reason=text, effects=(Event("HealerNotify", message),), **base)  # type: ignore[arg-type]
+
+
+def _on_ladder(f: NodeFacts) -> LadderStep | None:
+    """The ladder step in progress, if any."""
+    inc = f.incident
+    if inc is None or inc.ladder_index is None or inc.ladder_index >= len(inc.ladder):
+        return None
+    return inc.ladder[inc.ladder_index]
+
+
+def _repairing(f: NodeFacts) -> bool:
+    step = _on_ladder(f)
+    return step is not None and step.kind in ("reset-gpu", "reboot")
+
+
+def _answer(f: NodeFacts) -> RepairResult | None:
+    """The agent's answer to the request in progress (matched by nonce)."""
+    inc, result = f.incident, f.repair_result
+    if not _repairing(f) or inc is None or result is None or not inc.repair_nonce:
+        return None
+    return result if result.nonce == inc.repair_nonce else None
+
+
+def _repair_done(f: NodeFacts, c: Context) -> bool:
+    answer = _answer(f)
+    return answer is not None and answer.status == "succeeded"
+
+
+def _repair_failed(f: NodeFacts, c: Context) -> bool:
+    answer = _answer(f)
+    return answer is not None and answer.status != "succeeded"
+
+
+def _step_timed_out(f: NodeFacts, c: Context) -> bool:
+    step, inc = _on_ladder(f), f.incident
+    if step is None or inc is None or inc.ladder_started_at is None:
+        return False
+    if step.kind == "ticket" and inc.ticket == TicketStatus.RESOLVED:
+        return False
+    return (c.now - inc.ladder_started_at).total_seconds() >= step.timeout
+
+
+def _escalate(f: NodeFacts, c: Context, why: str, row: str) -> Step:
+    inc = f.incident
+    assert inc is not None and inc.ladder_index is not None
+    return _ladder_step(f, c, inc.ladder, inc.ladder_index + 1, reason=f"escalating: {why}", row=row)
+
+
+def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
+    step, answer = _on_ladder(f), _answer(f)
+    assert step is not None and answer is not None
+    detail = f": {answer.reason}" if answer.reason else ""
+    return Step(
+        StepKind.RECORD,
+        NodeState.REPAIRED,
+        f"{step.kind} done by the node agent{detail}",
+        evidence={"repair": {"action": step.kind, "nonce": answer.nonce, "status": answer.status,
+                             "at": answer.at, "output": answer.output}},
+        already_out=True,
+        row="repair done",
+    )
+
+
+def _repair_failed_step(f: NodeFacts, c: Context) -> Step:
+    step, answer = _on_ladder(f), _answer(f)
+    assert step is not None and answer is not None
+    why = f"{step.kind} {answer.status} on the node ({answer.reason or 'no reason given'})"
+    out = _escalate(f, c, why, "repair failed")
+    evidence = {**(out.evidence or {}), "repair": {"action": step.kind, "status": answer.status,
+                                                   "reason": answer.reason, "output": answer.output}}
+    return replace(out, evidence=evidence)
+
+
+def _timed_out_step(f: NodeFacts, c: Context) -> Step:
+    step = _on_ladder(f)
+    assert step is not None
+    return _escalate(f, c, f"{step.label()} did not clear the finding in time", "ladder step timed out")
+
+
+def _ladder_next_after_validation(f: NodeFacts, c: Context) -> bool:
+    """Validating after a ladder repair that did not clear it, with a step left to try."""
+    inc = f.incident
+    return (
+        inc is not None
+        and _repairing(f)
+        and inc.ladder_index is not None
+        and inc.ladder_index + 1 < len(inc.ladder)
+        and any(x.clear_since is None for x in remediating(f, c))
+    )
+
+
+def _escalate_after_validation(f: NodeFacts, c: Context) -> Step:
+    step = _on_ladder(f)
+    assert step is not None
+    found = remediating(f, c)
+    why = f"{step.kind} did not clear it: {_finding_story(found[0], c)}"
+    return _escalate(f, c, why, "repair did not clear")
+
+
+# --- the validation Job (healer.actions.validation) ------------------------------------------------
+
+
+def _job_status(f: NodeFacts) -> str | None:
+    inc = f.incident
+    return str(inc.validation.get("status")) if inc is not None and inc.validation else None
+
+
+def _needs_job(f: NodeFacts, c: Context) -> bool:
+    return c.validate_with_job and f.incident is not None and _job_status(f) is None
+
+
+def _start_job(f: NodeFacts, c: Context) -> Step:
+    assert f.incident is not None
+    job = f"healer-validate-{f.incident.id}-{int(c.now.timestamp())}"
+    return Step(
+        StepKind.REPAIR,
+        None,
+        f"validation Job {job} started on the node",
+        effects=(StartValidation(job=job), Event("HealerValidating", f"validation Job {job} started", False)),
+        memory=Memory(validation={"job": job, "status": "running"}),
+        already_out=True,
+        row="start validation",
+    )
+
+
+def _job_done(f: NodeFacts, status: str) -> bool:
+    return _job_status(f) == "running" and f.validation is not None and f.validation.status == status
+
+
+def _job_passed(f: NodeFacts, c: Context) -> Step:
+    assert f.incident is not None and f.incident.validation and f.validation is not None
+    job = str(f.incident.validation["job"])
+    return Step(
+        StepKind.RECORD,
+        NodeState.VALIDATING,  # a row of its own, with the Job's result as evidence
+        f"validation Job {job} passed",
+        effects=(CleanupValidation(job=job),),
+        evidence={"validation": f.validation.evidence()},
+        memory=Memory(validation={"job": job, "status": "succeeded", "result": f.validation.result}),
+        already_out=True,
+        row="validation passed",
+    )
+
+
+def _job_failed(f: NodeFacts, c: Context) -> Step:
+    """A failed validation re-opens: a new incident (the evidence in its first step) asking the
+    rule's ticket (replacement), the node still held."""
+    inc, result = f.incident, f.validation
+    assert inc is not None and inc.validation and result is not None
+    job = str(inc.validation["job"])
+    rule = c.rule(inc.rule)
+    why = result.result.get("why") or f"exit code {result.exit_code}"
+    reason = f"validation Job {job} failed ({why}): re-opened, asking for a replacement"
+    provider = next((t.provider for t in _tickets(rule)), "default") if rule is not None else "default"
+    template = next((t.template for t in _tickets(rule)), None) if rule is not None else None
+    return Step(
+        StepKind.TICKET,
+        NodeState.AWAITING_REPAIR,
+        reason,
+        effects=(
+            CleanupValidation(job=job),
+            Event("HealerValidationFailed", reason),
+            RequestTicket(provider=provider, template=template),
+        ),
+        evidence={"validation": result.evidence()},
+        memory=Memory(
+            rule=inc.rule,
+            cordoned_by_healer=inc.cordoned_by_healer,
+            expect_unschedulable=inc.expect_unschedulable,
+            ladder=(TicketStep(provider=provider, template=template),),
+            ladder_index=0,
+            ladder_started_at=c.now,
+            repair_nonce="",
+            reset_clear=True,
+        ),
+        new_incident=True,
+        close_incident="failed validation Job after repair",
+        already_out=True,
+        row="validation Job failed",
+    )
+
+
+def _awaiting_job(f: NodeFacts, c: Context) -> bool:
+    return c.validate_with_job and _job_status(f) != "succeeded"
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -806,6 +1158,11 @@ TABLE: tuple[Row, ...] = (
             StepKind.DRAIN, None, "drain step", effects=(DrainStep(),), already_out=True, row="drain step"
         ),
     ),
+    Row("repair done", _s(NodeState.AWAITING_REPAIR), _repair_done, _repaired_by_agent),
+    Row("repair failed", _s(NodeState.AWAITING_REPAIR), _repair_failed, _repair_failed_step),
+    Row("ladder step timed out", _s(NodeState.AWAITING_REPAIR), _step_timed_out, _timed_out_step),
+    # The agent has not answered yet: wait for it (or the step's timeout), whatever the findings do.
+    Row("awaiting the agent", _s(NodeState.AWAITING_REPAIR), lambda f, c: _repairing(f), lambda f, c: None),
     Row("cleared, no ticket", _s(NodeState.AWAITING_REPAIR), _no_ticket_and_clear, _validate_without_repair),
     Row(
         "repaired",
@@ -821,11 +1178,20 @@ TABLE: tuple[Row, ...] = (
     ),
     Row("validate", _s(NodeState.REPAIRED), lambda f, c: True, _to_validating),
     Row(
+        "repair did not clear",
+        _s(NodeState.VALIDATING),
+        _ladder_next_after_validation,
+        _escalate_after_validation,
+    ),
+    Row(
         "failed validation",
         _s(NodeState.VALIDATING),
         lambda f, c: any(x.clear_since is None for x in remediating(f, c)),
         _failed_validation,
     ),
+    Row("start validation", _s(NodeState.VALIDATING), _needs_job, _start_job),
+    Row("validation Job failed", _s(NodeState.VALIDATING), lambda f, c: _job_done(f, "failed"), _job_failed),
+    Row("validation passed", _s(NodeState.VALIDATING), lambda f, c: _job_done(f, "succeeded"), _job_passed),
     Row("hold interrupted", _s(NodeState.VALIDATING), _validation_interrupted, _restart_clock),
     Row(
         "hold starts",
@@ -833,6 +1199,8 @@ TABLE: tuple[Row, ...] = (
         lambda f, c: f.incident is not None and f.incident.clear_since is None and _clear(f, c),
         _start_clock,
     ),
+    # The hold is done but the validation Job has not passed yet: wait for it.
+    Row("awaiting validation", _s(NodeState.VALIDATING), _awaiting_job, lambda f, c: None),
     Row("return to service", _s(NodeState.VALIDATING), _hold_done, _return_to_service),
     Row(
         "repaired while blocked",
@@ -947,6 +1315,11 @@ def remember(incident: IncidentFacts, step: Step) -> IncidentFacts:
         ),
         blocked_step=blocked_step,
         clear_since=None if m.reset_clear else (m.clear_since or incident.clear_since),
+        ladder=m.ladder if m.ladder is not None else incident.ladder,
+        ladder_index=m.ladder_index if m.ladder_index is not None else incident.ladder_index,
+        ladder_started_at=m.ladder_started_at or incident.ladder_started_at,
+        repair_nonce=m.repair_nonce if m.repair_nonce is not None else incident.repair_nonce,
+        validation=m.validation if m.validation is not None else incident.validation,
     )
 
 

@@ -46,7 +46,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from healer.model.drain import DrainOptions
-from healer.ruleset.durations import parse_duration
+from healer.ruleset.durations import format_duration, parse_duration
 
 #: Labels tried in order to find the Kubernetes node name of a series (see reference/metrics.md):
 #: dcgm-exporter's ``Hostname`` (``hostname`` in newer sources), then common relabelings.
@@ -166,6 +166,60 @@ class NotifyAction(_Strict):
     message: str | None = None
 
 
+class _LadderStep(_Strict):
+    """One rung of a rule's remediation ladder: what to try, and how long it may take (seconds)."""
+
+    kind: str
+    timeout: float
+
+    def label(self) -> str:
+        """``reset-gpu (10m)``: the step as records and Events name it."""
+        return f"{self.kind} ({format_duration(self.timeout)})"
+
+
+class ResetGpuStep(_LadderStep):
+    """Ask the node agent (or the provider's API) to reset the faulty GPU (``nvidia-smi -r``)."""
+
+    kind: Literal["reset-gpu"] = "reset-gpu"
+    timeout: Seconds = Field(600.0, gt=0, description="Reset and clear within this, seconds, or escalate.")
+
+
+class RebootStep(_LadderStep):
+    """Ask the node agent (or the provider's API) to reboot the node."""
+
+    kind: Literal["reboot"] = "reboot"
+    timeout: Seconds = Field(1800.0, gt=0, description="Reboot and clear within this, seconds, or escalate.")
+
+
+class TicketStep(_LadderStep):
+    """Ask the provider to replace the part (a ticket through the outbox)."""
+
+    kind: Literal["ticket"] = "ticket"
+    provider: str = Field("default", min_length=1)
+    template: TemplateName = None
+    timeout: Seconds = Field(
+        7 * 86400.0, gt=0, description="Resolved within this, seconds, or escalate to the next step."
+    )
+
+
+class NotifyStep(_LadderStep):
+    """Tell humans (an Event), then wait ``timeout`` before the next step."""
+
+    kind: Literal["notify"] = "notify"
+    message: str | None = None
+    timeout: Seconds = Field(0.0, ge=0, description="Wait this long before the next step, seconds.")
+
+
+LadderStep = Annotated[
+    ResetGpuStep | RebootStep | TicketStep | NotifyStep, Field(discriminator="kind")
+]
+LADDER_KINDS = ("reset-gpu", "reboot", "ticket", "notify")
+#: What a rule's findings say the node needs, read by :mod:`healer.engine.ladder`: ``xid-value``
+#: (the value is a Xid code, classed by the Xid catalog), ``xid-label`` (the ``xid`` label is),
+#: ``recovery-action`` (the value is the driver's nvmlDeviceGpuRecoveryAction_t).
+Classify = Literal["xid-value", "xid-label", "recovery-action"]
+
+
 Action = Annotated[
     QuarantineAction | TaintAction | DrainAction | TicketAction | NotifyAction, Field(discriminator="kind")
 ]
@@ -248,6 +302,21 @@ class Rule(_Strict):
         ),
     )
     actions: list[Annotated[Action, BeforeValidator(_normalise_action)]] = Field(default_factory=list)
+    classify: Classify | None = Field(
+        None,
+        description=(
+            "How a finding's class (reset, reboot, replace) is read, which picks the default "
+            "remediation ladder when the rule sets none (healer.engine.ladder)."
+        ),
+    )
+    ladder: list[Annotated[LadderStep, BeforeValidator(_normalise_action)]] | None = Field(
+        None,
+        description=(
+            "Remediation ladder: steps tried in order after quarantine (and drain), each escalating "
+            "to the next when the finding is not cleared within its timeout. Replaces the rule's "
+            "ticket actions when set."
+        ),
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -297,6 +366,25 @@ class Rule(_Strict):
                 {"name": repr(name), "at_field": "name"},
             )
         return actions
+
+    @field_validator("ladder")
+    @classmethod
+    def _ladder_makes_sense(cls, ladder: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        if ladder is None:
+            return None
+        if not ladder:
+            raise ValueError("ladder must list at least one step (leave it out for none)")
+        actions = info.data.get("actions") or []
+        kinds = [step.kind for step in ladder]
+        if {"reset-gpu", "reboot"} & set(kinds) and "quarantine" not in {a.kind for a in actions}:
+            raise ValueError(
+                "reset-gpu and reboot need the quarantine action: a GPU is reset or a node rebooted "
+                "only once no new work lands on it"
+            )
+        for i, kind in enumerate(kinds[:-1]):
+            if kind == "ticket" and any(k in ("reset-gpu", "reboot") for k in kinds[i + 1 :]):
+                raise ValueError("a ticket (replace) comes after reset-gpu and reboot, not before")
+        return ladder
 
     @property
     def summary(self) -> str:

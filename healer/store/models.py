@@ -134,6 +134,14 @@ class Incident(Base):
     blocked_step: Mapped[str | None] = mapped_column(String(32))  # "quarantine" | "drain"
     blocked_reason: Mapped[str | None] = mapped_column(Text)
     clear_since: Mapped[datetime | None]  # validating: first tick of the current clear stretch
+    # The remediation ladder (healer.engine.ladder): its steps as chosen (JSON, the rule schema's
+    # step objects), the step in progress, since when, and the node agent request's nonce.
+    ladder: Mapped[list[Any] | None] = mapped_column(JSON, default=None)
+    ladder_index: Mapped[int | None] = mapped_column(Integer, default=None)
+    ladder_started_at: Mapped[datetime | None] = mapped_column(default=None)
+    repair_nonce: Mapped[str | None] = mapped_column(String(100), default=None)
+    # The validation Job before return: {"job", "status", "result"} (the result kept after cleanup).
+    validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     __table_args__ = (
         Index(

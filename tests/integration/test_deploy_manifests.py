@@ -444,6 +444,17 @@ def _one(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
     return found[0]
 
 
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) a Role or ClusterRole grants."""
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
 def _container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     deployment = _one(objects, "Deployment", "healer")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -609,13 +620,7 @@ def test_cluster_role_is_least_privilege(rendered: dict[str, list[dict[str, Any]
     }
     assert granted == CLUSTER_PERMISSIONS
     role = _one(objects, "Role", "healer-leader-election")
-    leases = {
-        (g, r, v)
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    leases = _grants(role)
     assert leases == LEASE_PERMISSIONS
     for rule in [*role["rules"], *_one(objects, "ClusterRole", "healer")["rules"]]:
         assert "resourceNames" not in rule or rule["resourceNames"]
@@ -646,6 +651,7 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
         "namespaced_lease": ("coordination.k8s.io", "leases"),
         "pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets"),
         "namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets"),
+        "namespaced_job": ("batch", "jobs"),
     }
     needed = set()
     for call in sorted(calls):
@@ -656,7 +662,7 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
         group, resource = resources[rest]
         needed.add((group, resource, verbs[verb]))
     assert needed, "no Kubernetes calls found in healer/actions"
-    assert needed <= CLUSTER_PERMISSIONS | LEASE_PERMISSIONS
+    assert needed <= CLUSTER_PERMISSIONS | LEASE_PERMISSIONS | VALIDATION_PERMISSIONS
 
 
 @pytest.mark.parametrize("render", RENDERS)
@@ -851,3 +857,66 @@ def test_no_secret_values_in_deploy() -> None:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(doc, dict):
                 assert doc.get("kind") != "Secret", f"{path}: create Secrets with kubectl, not in git"
+
+
+AGENT = (*IMAGE, "--set", "agent.enabled=true")
+
+
+def test_node_agent_is_off_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for objects in rendered.values():
+        assert not any(o["kind"] == "DaemonSet" for o in objects)
+        assert not any(o["metadata"]["name"] == "healer-agent" for o in objects)
+
+
+def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
+    """agent.enabled: a DaemonSet on GPU nodes (every taint tolerated, its node name from the downward
+    API), a ClusterRole of nodes get/list/watch/patch only, and the signing key mounted into both the
+    controller and the agent; the controller's ClusterRole does not grow (it already patches nodes)."""
+    result = template(helm, *AGENT)
+    assert result.returncode == 0, result.stderr
+    objects = documents(result.stdout)
+    role = _one(objects, "ClusterRole", "healer-agent")
+    granted = _grants(role)
+    assert granted == {("", "nodes", v) for v in ("get", "list", "watch", "patch")}
+    controller_role = _one(objects, "ClusterRole", "healer")
+    assert _grants(controller_role) == CLUSTER_PERMISSIONS
+    binding = _one(objects, "ClusterRoleBinding", "healer-agent")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer-agent", "namespace": NAMESPACE}]
+    daemonset = _one(objects, "DaemonSet", "healer-agent")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "healer-agent"
+    assert {"operator": "Exists"} in pod["tolerations"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["agent"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert json.loads(env["HEALER_REPAIR__AGENT_COMMANDS"]["value"])["reboot"][-2:] == ["systemctl", "reboot"]
+    settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])
+    assert settings["repair"] == {
+        "actions": ["reset-gpu", "reboot"],
+        "secret_file": "/etc/healer/secrets/repair-hmac",
+    }
+    deployment = _one(objects, "Deployment", "healer")
+    sources = deployment["spec"]["template"]["spec"]["volumes"]
+    projected = next(v for v in sources if v["name"] == "secrets")["projected"]["sources"]
+    assert {"key": "hmac", "path": "repair-hmac"} in [i for s in projected for i in s["secret"]["items"]]
+
+
+#: The Role rendered with settings.validation.enabled (validation Jobs in the release namespace).
+VALIDATION_PERMISSIONS = {("batch", "jobs", v) for v in ("create", "get", "delete")}
+
+
+def test_validation_jobs_role_only_when_enabled(helm: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for objects in rendered.values():
+        assert not any(o["metadata"]["name"] == "healer-validation" for o in objects)
+    result = template(helm, *IMAGE, "--set", "settings.validation.enabled=true")
+    assert result.returncode == 0, result.stderr
+    objects = documents(result.stdout)
+    role = _one(objects, "Role", "healer-validation")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    granted = _grants(role)
+    assert granted == VALIDATION_PERMISSIONS
+    binding = _one(objects, "RoleBinding", "healer-validation")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "healer", "namespace": NAMESPACE}]
+    settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])
+    assert settings["validation"] == {"enabled": True, "namespace": NAMESPACE}

@@ -69,5 +69,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
     "prometheus" (dict "url" .Values.prometheus.url)
     "tickets" $tickets
     "api" $api -}}
+{{- if (dig "validation" "enabled" false .Values.settings) -}}
+{{- $_ := set $managed "validation" (dict "namespace" .Release.Namespace) -}}
+{{- end -}}
+{{- if .Values.agent.enabled -}}
+{{- $_ := set $managed "repair" (dict "actions" .Values.agent.actions "secret_file" (printf "%s/repair-hmac" (include "healer.secretsDir" .))) -}}
+{{- end -}}
 {{- toYaml (mergeOverwrite (deepCopy .Values.settings) $managed) -}}
 {{- end -}}

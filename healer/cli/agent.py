@@ -1,0 +1,74 @@
+"""``healer agent``: the node agent, one per node (the chart's DaemonSet, ``agent.enabled``)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+log = logging.getLogger("healer.agent")
+
+
+def agent(
+    ctx: typer.Context,
+    node: Annotated[
+        str, typer.Option("--node", envvar="NODE_NAME", help="This node's name (downward API spec.nodeName).")
+    ],
+    once: Annotated[bool, typer.Option("--once", help="Handle the node's current request and exit.")] = False,
+    text_logs: Annotated[
+        bool, typer.Option("--text-logs", help="Plain text logs instead of JSON lines.")
+    ] = False,
+) -> None:
+    """Carry out the controller's signed repair requests (GPU reset, reboot) on this node only.
+
+    Watches its own Node; refuses (and logs, with the reason) requests that are unsigned, wrongly
+    signed, for another node, expired or replayed. Settings: ``repair.secret_env``/``secret_file``
+    (the controller's signing secret), ``repair.agent_commands`` or ``repair.agent_executor``.
+    SIGTERM/SIGINT stop it (exit 0).
+    """
+    from kubernetes import client as k8s
+
+    from healer.actions.kubernetes import make_api_client
+    from healer.cli.context import settings_from
+    from healer.controller.repair import repair_secret
+    from healer.errors import HealerError
+    from healer.logs import configure_logging
+    from healer.nodeagent.agent import NodeAgent
+    from healer.nodeagent.executor import load_executor
+
+    settings = settings_from(ctx)
+    configure_logging(settings.log_level, json=not text_logs)
+    try:
+        secret = repair_secret(settings.repair)
+        if secret is None:
+            raise HealerError("the agent needs repair.secret_env or repair.secret_file (the signing secret)")
+        executor = load_executor(settings)
+        api = make_api_client(settings.kubernetes)
+    except HealerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    node_agent = NodeAgent(
+        k8s.CoreV1Api(api),
+        node=node,
+        domain=settings.kubernetes.domain,
+        secret=secret,
+        executor=executor,
+        request_timeout_seconds=settings.kubernetes.request_timeout_seconds,
+    )
+    if once:
+        node_agent.once()
+        return
+    stop = threading.Event()
+
+    def on_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s; stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    log.info("agent watching node %s", node)
+    node_agent.watch(stop, timeout_seconds=30)
