@@ -8,6 +8,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     engine, sessions    the configured database (``database`` also checks or migrates the schema)
     prometheus_source   the detection source
     node_actions        the Kubernetes adapter, or its dry-run recorder
+    quota_sync          the Kueue quota sync (``kueue.enabled``), or its dry-run recorder
     dashboard           the FastAPI app with its chart source, metrics and clock
     build_process       the controller and its dashboard (``healer run``, the demo)
 """
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from healer.actions.base import NodeActions
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.controller import Controller
+    from healer.controller.quota_sync import QuotaSync
     from healer.metrics import HealerMetrics
     from healer.ruleset.schema import RuleSet
     from healer.sources.prometheus import PrometheusSource
@@ -191,6 +193,33 @@ def dashboard(
     )
 
 
+def quota_sync(
+    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session], cluster: KubernetesNodeActions
+) -> QuotaSync | None:
+    """The Kueue quota sync when ``kueue.enabled`` (None otherwise); with ``safety.dry_run`` it
+    records the quota it would set and applies nothing."""
+    if not settings.kueue.enabled:
+        return None
+    from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
+    from healer.controller.quota_sync import QuotaSync
+
+    k = settings.kueue
+    real = KueueQuotas(
+        api_client,
+        resource=k.resource,
+        field_manager=k.field_manager,
+        request_timeout=settings.kubernetes.request_timeout_seconds,
+    )
+    quotas = DryRunKueueQuotas(real) if settings.safety.dry_run else real
+    return QuotaSync(
+        settings=k,
+        quotas=quotas,
+        nodes=cluster.list_nodes,
+        sessions=sessions,
+        domain=settings.kubernetes.domain,
+    )
+
+
 @dataclass
 class Process:
     """A built controller process: the controller and the dashboard app it serves."""
@@ -241,6 +270,7 @@ def build_process(
         identity=identity,
         fleet=cluster.node_pools,
         owned=cluster.owned_nodes,
+        quota_sync=quota_sync(settings, api_client, sessions, cluster),
     )
     app = dashboard(
         settings,

@@ -228,6 +228,12 @@ class KubernetesNodeActions:
             v for v in views if keys & set(v.annotations) or any(t[0] == self.taint_key for t in v.taints)
         ]
 
+    def list_nodes(self) -> list[NodeView]:
+        """Every node in the cluster now (one list call): the Kueue quota sync counts their GPUs."""
+        with api_call("list nodes"):
+            nodes = self.core.list_node(_request_timeout=self._timeout)
+        return [node_view(n) for n in nodes.items]
+
     def human_uncordoned(self, name: str) -> bool:
         """Read the node: did a human uncordon it after healer cordoned it?"""
         return human_uncordoned(self.read_node(name), domain=self.settings.domain)

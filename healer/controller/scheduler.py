@@ -7,6 +7,8 @@ Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not st
 * **drains**  every ``scheduler.drain_interval_seconds``: one step of every drain in progress.
 * **outbox**  every ``scheduler.outbox_interval_seconds``: deliver due provider tickets.
 * **rules**   every 2 s: reload rule files that changed (SIGHUP reloads at once).
+* **kueue**   every ``kueue.interval_seconds`` when ``kueue.enabled``: the ClusterQueues' GPU
+  quota follows healthy capacity (:mod:`healer.controller.quota_sync`).
 * **retention** hourly: prune rule evaluations and closed incidents' rows older than
   ``scheduler.retention_days``.
 
@@ -39,6 +41,7 @@ from healer.controller import ownership
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence, claim
 from healer.controller.passes import RemediationResult, advance_drains, remediate
+from healer.controller.quota_sync import QuotaSync
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError, NotLeader
@@ -128,6 +131,8 @@ class Controller:
     identity: str = "healer"
     fleet: Callable[[], dict[str, str] | None] = lambda: None
     owned: Callable[[], list[NodeView]] = list
+    #: The Kueue quota sync (``kueue.enabled``), run by its own job; None: off.
+    quota_sync: QuotaSync | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -330,6 +335,16 @@ class Controller:
                 return
             self._count(result)
 
+    def kueue(self) -> None:
+        """Keep the managed ClusterQueues' GPU quota in step with healthy capacity (leader only)."""
+        if self.quota_sync is None or not self.is_leader():
+            return
+        with self._lock:
+            try:
+                self.quota_sync.run(self.clock(), fence=self.fence())
+            except NotLeader as exc:
+                log.warning("stopped mid quota sync, nothing more written: %s", exc)
+
     def outbox(self) -> None:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
         if not self.is_leader():
@@ -385,6 +400,8 @@ class Controller:
             (self.reload_rules, 2.0),
             (self.retention, 3600.0),
         ]
+        if self.quota_sync is not None:
+            jobs.append((self.kueue, s.kueue.interval_seconds))
         for func, seconds in jobs:
             scheduler.add_job(
                 _guarded(func),

@@ -65,6 +65,7 @@ CLUSTER_PERMISSIONS = {
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
     ("policy", "poddisruptionbudgets", "list"),
+    *(("kueue.x-k8s.io", "clusterqueues", verb) for verb in ("get", "list", "patch")),  # quota sync
 }
 LEASE_PERMISSIONS = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
 
@@ -646,6 +647,8 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
         "namespaced_lease": ("coordination.k8s.io", "leases"),
         "pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets"),
         "namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets"),
+        # The only custom objects healer touches: Kueue's ClusterQueues (healer/actions/kueue.py).
+        "cluster_custom_object": ("kueue.x-k8s.io", "clusterqueues"),
     }
     needed = set()
     for call in sorted(calls):
