@@ -92,6 +92,15 @@ class KubernetesSettings(_Group):
         ),
     )
 
+    checkpoint_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        description=(
+            "A pod labelled <domain>/checkpoint=true is asked to checkpoint before its eviction and "
+            "waited for this long when the drain's rule sets no checkpoint of its own, seconds."
+        ),
+    )
+
     @model_validator(mode="after")
     def _renew_faster_than_lease(self) -> KubernetesSettings:
         if self.renew_interval_seconds >= self.lease_duration_seconds:

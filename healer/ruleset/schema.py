@@ -82,6 +82,22 @@ class DrainAction(_Strict):
         False, description="Past the deadline, DELETE pods a PodDisruptionBudget still protects (recorded)."
     )
     concurrency: int = Field(8, ge=1, le=256, description="Evictions in flight at once.")
+    checkpoint: Seconds = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Before evicting a pod that requests GPUs, ask it to checkpoint (pod annotation) and wait "
+            "up to this long for its answer, seconds; 0 = evict without asking."
+        ),
+    )
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_within_timeout(cls, value: float, info: ValidationInfo) -> float:
+        timeout = info.data.get("timeout")
+        if value and timeout is not None and value >= timeout:
+            raise ValueError("checkpoint must be shorter than the drain's timeout")
+        return value
 
     def options(self) -> DrainOptions:
         """The drain options as the controller and the Kubernetes adapter take them."""
@@ -93,6 +109,7 @@ class DrainAction(_Strict):
             force=self.force,
             delete_after_timeout=self.delete_after_timeout,
             concurrency=self.concurrency,
+            checkpoint_seconds=self.checkpoint,
         )
 
 

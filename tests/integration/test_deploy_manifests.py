@@ -61,6 +61,7 @@ CLUSTER_PERMISSIONS = {
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "delete"),  # drain's delete_after_timeout
+    ("", "pods", "patch"),  # drain's checkpoint request (pod annotations)
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
