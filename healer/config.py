@@ -207,6 +207,29 @@ class SafetySettings(_Group):
         )
 
 
+class GpuIsolationSettings(_Group):
+    """How one GPU is taken out for rules with ``quarantine: {scope: gpu}``
+    (:mod:`healer.actions.gpu_isolation`)."""
+
+    mode: Literal["auto", "dra", "annotation"] = Field(
+        "auto",
+        description=(
+            "dra: a DeviceTaintRule (resource.k8s.io/v1alpha3); annotation: the node annotation "
+            "<domain>/gpus-out; auto: dra where the cluster serves DeviceTaintRules, else annotation."
+        ),
+    )
+    driver: str = Field(
+        "gpu.nvidia.com", description="The DRA driver publishing the GPUs (ResourceSlice driver)."
+    )
+    device_name: str = Field(
+        "gpu-{gpu}", description="The GPU's DRA device name; {gpu} is the finding's GPU index."
+    )
+    pool: str = Field("{node}", description="The DRA pool of a node's GPUs; {node} is the node name.")
+    effect: Literal["NoSchedule", "NoExecute"] = Field(
+        "NoSchedule", description="The device taint's effect (NoExecute also evicts pods using the GPU)."
+    )
+
+
 class KueueFlavor(_Group):
     """A Kueue ResourceFlavor whose GPU quota healer keeps: its name and its ``spec.nodeLabels``."""
 
@@ -366,6 +389,7 @@ class Settings(BaseSettings):
     tickets: TicketSettings = Field(default_factory=TicketSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     kueue: KueueSettings = Field(default_factory=KueueSettings)
+    gpu_isolation: GpuIsolationSettings = Field(default_factory=GpuIsolationSettings)
 
     @classmethod
     def settings_customise_sources(

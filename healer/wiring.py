@@ -8,6 +8,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     engine, sessions    the configured database (``database`` also checks or migrates the schema)
     prometheus_source   the detection source
     node_actions        the Kubernetes adapter, or its dry-run recorder
+    gpu_isolation       single GPUs out (DRA DeviceTaintRule or node annotation), or its recorder
     quota_sync          the Kueue quota sync (``kueue.enabled``), or its dry-run recorder
     dashboard           the FastAPI app with its chart source, metrics and clock
     build_process       the controller and its dashboard (``healer run``, the demo)
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from healer.actions.base import NodeActions
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.controller import Controller
+    from healer.controller.gpu_isolation import GpuIsolationSync
     from healer.controller.quota_sync import QuotaSync
     from healer.metrics import HealerMetrics
     from healer.ruleset.schema import RuleSet
@@ -220,6 +222,25 @@ def quota_sync(
     )
 
 
+def gpu_isolation(
+    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session]
+) -> GpuIsolationSync:
+    """Single GPUs out for rules with ``quarantine: {scope: gpu}``: a DRA DeviceTaintRule or a node
+    annotation (``gpu_isolation``); with ``safety.dry_run`` it records what it would take out."""
+    from healer.actions.gpu_isolation import DryRunGpuIsolation, GpuIsolation
+    from healer.controller.gpu_isolation import GpuIsolationSync
+
+    real = GpuIsolation(
+        api_client,
+        settings.gpu_isolation,
+        domain=settings.kubernetes.domain,
+        request_timeout=settings.kubernetes.request_timeout_seconds,
+    )
+    return GpuIsolationSync(
+        isolation=DryRunGpuIsolation(real) if settings.safety.dry_run else real, sessions=sessions
+    )
+
+
 @dataclass
 class Process:
     """A built controller process: the controller and the dashboard app it serves."""
@@ -271,6 +292,7 @@ def build_process(
         fleet=cluster.node_pools,
         owned=cluster.owned_nodes,
         quota_sync=quota_sync(settings, api_client, sessions, cluster),
+        gpu_isolation=gpu_isolation(settings, api_client, sessions),
     )
     app = dashboard(
         settings,

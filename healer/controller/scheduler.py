@@ -3,7 +3,8 @@
 Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not stacked):
 
 * **lease**   every ``kubernetes.renew_interval_seconds``: acquire or renew the Lease.
-* **tick**    every rule-group interval (the shortest one): detection → remediation → record.
+* **tick**    every rule-group interval (the shortest one): detection → remediation → record;
+  then single GPUs out or back (:mod:`healer.controller.gpu_isolation`).
 * **drains**  every ``scheduler.drain_interval_seconds``: one step of every drain in progress.
 * **outbox**  every ``scheduler.outbox_interval_seconds``: deliver due provider tickets.
 * **rules**   every 2 s: reload rule files that changed (SIGHUP reloads at once).
@@ -40,9 +41,11 @@ from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence, claim
+from healer.controller.gpu_isolation import GpuIsolationSync
 from healer.controller.passes import RemediationResult, advance_drains, remediate
 from healer.controller.quota_sync import QuotaSync
 from healer.detection import DetectionResult, initial_state, run_detection
+from healer.engine import gpu_scope
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError, NotLeader
 from healer.metrics import HealerMetrics
@@ -133,6 +136,8 @@ class Controller:
     owned: Callable[[], list[NodeView]] = list
     #: The Kueue quota sync (``kueue.enabled``), run by its own job; None: off.
     quota_sync: QuotaSync | None = None
+    #: Takes single GPUs out for rules with ``quarantine: {scope: gpu}`` (each tick); None: off.
+    gpu_isolation: GpuIsolationSync | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -227,16 +232,18 @@ class Controller:
                     self.metrics.count_cleaned(report.rule, report.cleaned)
                 if not self.is_leader():
                     return
+                # Findings contained to one GPU (rules with quarantine scope gpu) stay off the node.
+                node_findings = gpu_scope.for_nodes(detection.findings, ruleset)
                 ownership.settle(
                     owned=self.owned,
                     actions=self.actions,
                     sessions=self.session_factory,
-                    findings=detection.findings,
+                    findings=node_findings,
                     now=now,
                     fence=self.fence(),
                 )
                 result = remediate(
-                    findings=detection.findings,
+                    findings=node_findings,
                     rules=ruleset,
                     actions=self.actions,
                     session_factory=self.session_factory,
@@ -247,6 +254,8 @@ class Controller:
                     fence=self.fence(),
                 )
                 self._count(result)
+                if self.gpu_isolation is not None:
+                    self.gpu_isolation.run(detection.findings, ruleset, now, fence=self.fence())
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
                     log.info(

@@ -56,10 +56,16 @@ class _Strict(BaseModel):
 
 
 class QuarantineAction(_Strict):
-    """Cordon (``spec.unschedulable``), add healer's taint, set the node condition False."""
+    """Cordon (``spec.unschedulable``), add healer's taint, set the node condition False.
+
+    ``scope: gpu``: a finding naming one GPU takes out that GPU only (a DRA DeviceTaintRule, or a
+    node annotation) and the node keeps serving; a second GPU, or a finding without a GPU,
+    quarantines the node (:mod:`healer.engine.gpu_scope`).
+    """
 
     kind: Literal["quarantine"] = "quarantine"
     taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+    scope: Literal["node", "gpu"] = "node"
 
 
 class TaintAction(_Strict):
