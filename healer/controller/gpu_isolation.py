@@ -12,14 +12,14 @@ schedulable; a second GPU escalates it to the usual quarantine.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.gpu_isolation import IsolationPort
 from healer.controller.fence import Fence
-from healer.engine.gpu_scope import gpus_out
+from healer.engine.gpu_scope import gpu_scoped, gpus_out
 from healer.errors import KubernetesError
 from healer.model.findings import TickFindings
 from healer.model.states import ActionStatus
@@ -37,6 +37,9 @@ class GpuIsolationSync:
     isolation: IsolationPort
     sessions: sessionmaker[Session]
     actor: str = "healer"
+    #: Whether healer had GPUs out at the last read (None: not read yet). With no ``scope: gpu``
+    #: rule and nothing out, a tick costs no API call.
+    _anything_out: bool | None = field(default=None, init=False)
 
     def run(
         self, findings: TickFindings, rules: RuleSet, now: datetime, *, fence: Fence | None = None
@@ -47,12 +50,15 @@ class GpuIsolationSync:
         (logged); a failed change is recorded and the others go on.
         """
         fence = fence or Fence()
+        if self._anything_out is False and not any(gpu_scoped(r) for r in rules.rules):
+            return 0
         wanted = gpus_out(findings, rules)
         try:
             current = self.isolation.current()
         except KubernetesError as exc:
             log.warning("GPU isolation: cannot read what is out now: %s", exc)
             return 0
+        self._anything_out = bool(wanted) or any(current.values())
         changes: list[tuple[str, str, str, str]] = []  # (kind, node, gpu, rule)
         for node, gpus in wanted.items():
             for gpu, rule in gpus.items():

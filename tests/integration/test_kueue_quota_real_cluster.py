@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,15 +22,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
-from healer.config import KubernetesSettings, KueueSettings
+from healer.config import KubernetesSettings, KueueSettings, load_settings
 from healer.controller.quota_sync import ACTION_KIND, QuotaSync
 from healer.model.node import NodeEdit, Ownership
 from healer.store.models import Action
 from healer.store.session import make_engine, make_sessionmaker
+from healer.wiring import build_process
 from tests.conftest import FIXTURES
 from tests.kube_cluster import ControlPlane
 from tests.services import wait_until
 
+REPO = Path(__file__).resolve().parents[2]
 SETTINGS = KubernetesSettings(domain="healer.dev", request_timeout_seconds=10)
 GROUP, PLURAL = "kueue.x-k8s.io", "clusterqueues"
 GPU = "nvidia.com/gpu"
@@ -271,3 +274,35 @@ def test_dry_run_records_the_quota_it_would_set_and_changes_nothing(scene: Scene
 
 def test_kueue_version_is_discovered(kube_healer_api: ApiClient, kueue_crd: None) -> None:
     assert KueueQuotas(kube_healer_api).version() == "v1beta2"
+
+
+def test_the_controller_built_by_healer_run_syncs_the_quota_once_it_leads(
+    kube: ControlPlane, kube_healer_token: str, scene: Scene, tmp_path: Path, migrated_sqlite_url: str
+) -> None:
+    """The composition root wires the sync in when ``kueue.enabled``; only the leader applies."""
+    fleet, custom = scene.fleet, scene.custom
+    settings = load_settings(
+        rules_paths=[REPO / "rules"],
+        database={"url": migrated_sqlite_url},
+        kubernetes={
+            "kubeconfig": kube.kubeconfig(kube_healer_token, tmp_path / "kubeconfig"),
+            "lease_name": unique("lease"),
+        },
+        safety={"dry_run": False, "allow_missing_providers": True},
+        kueue={
+            "enabled": True,
+            "cluster_queues": [fleet["queue"]],
+            "flavors": [{"name": fleet["flavor"], "node_labels": {"healer-test/flavor": fleet["flavor"]}}],
+            "lower_after_seconds": 0,
+        },
+    )
+    process = build_process(settings, identity="healer-kueue-test")
+    try:
+        quarantine(scene.actions, fleet["nodes"][0])
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "24"  # not the leader: nothing applied
+        process.controller.keep_lease()
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "16"
+    finally:
+        process.controller.stop()
