@@ -148,6 +148,10 @@ def gate(
             deadline = now + timedelta(seconds=seconds)
             deadline = min(deadline, latest) if latest is not None else deadline
             out.times[key] = {"requested_at": _utc(now), "deadline": _utc(deadline)}
+            if deadline <= now:  # the drain's own deadline has passed (or a request kept failing)
+                out.times[key]["deadline_passed_at"] = _utc(deadline)
+                out.ready.append(pod)
+                continue
             if ask:
                 try:
                     _ask(
