@@ -22,6 +22,7 @@ from pydantic_settings import (
 from healer.errors import ConfigError
 from healer.model import limits as engine_limits
 from healer.model.limits import SafetyLimits
+from healer.model.quota import Flavor, QuotaPolicy
 from healer.ruleset.schema import RequiredTemplateName, TemplateName
 
 #: Days of a maintenance window, as the settings spell them.
@@ -118,6 +119,15 @@ class KubernetesSettings(_Group):
         description=(
             "On a NotReady node, a pod terminating longer than this counts as gone and the drain goes "
             "on (kubectl drain's --skip-wait-for-delete-timeout), seconds; 0 = wait forever."
+        ),
+    )
+
+    checkpoint_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        description=(
+            "A pod labelled <domain>/checkpoint=true is asked to checkpoint before its eviction and "
+            "waited for this long when the drain's rule sets no checkpoint of its own, seconds."
         ),
     )
 
@@ -245,6 +255,83 @@ class SafetySettings(_Group):
             breaker_window_seconds=self.breaker_window_seconds,
             maintenance_windows=tuple(w.limits() for w in self.maintenance_windows),
         )
+
+
+class GpuIsolationSettings(_Group):
+    """How one GPU is taken out for rules with ``quarantine: {scope: gpu}``
+    (:mod:`healer.actions.gpu_isolation`)."""
+
+    mode: Literal["auto", "dra", "annotation"] = Field(
+        "auto",
+        description=(
+            "dra: a DeviceTaintRule (resource.k8s.io/v1alpha3); annotation: the node annotation "
+            "<domain>/gpus-out; auto: dra where the cluster serves DeviceTaintRules, else annotation."
+        ),
+    )
+    driver: str = Field(
+        "gpu.nvidia.com", description="The DRA driver publishing the GPUs (ResourceSlice driver)."
+    )
+    device_name: str = Field(
+        "gpu-{gpu}", description="The GPU's DRA device name; {gpu} is the finding's GPU index."
+    )
+    pool: str = Field("{node}", description="The DRA pool of a node's GPUs; {node} is the node name.")
+    effect: Literal["NoSchedule", "NoExecute"] = Field(
+        "NoSchedule", description="The device taint's effect (NoExecute also evicts pods using the GPU)."
+    )
+
+
+class KueueFlavor(_Group):
+    """A Kueue ResourceFlavor whose GPU quota healer keeps: its name and its ``spec.nodeLabels``."""
+
+    name: str = Field(..., min_length=1, description="The ResourceFlavor's metadata.name.")
+    node_labels: dict[str, str] = Field(
+        default_factory=dict, description="The flavor's spec.nodeLabels: the nodes whose GPUs it counts."
+    )
+
+
+class KueueSettings(_Group):
+    """Kueue quota sync (off by default): keep the ``nominalQuota`` of ``resource`` in the chosen
+    ClusterQueues equal to the healthy capacity of each flavor's nodes (``healer.engine.quota``)."""
+
+    enabled: bool = Field(False, description="Run the quota sync (the leader only, every interval).")
+    cluster_queues: list[str] = Field(
+        default_factory=list, description="ClusterQueues whose quota healer manages (metadata.name)."
+    )
+    flavors: list[KueueFlavor] = Field(
+        default_factory=list, description="ResourceFlavors to keep in step, with their node labels."
+    )
+    resource: str = Field("nvidia.com/gpu", description="The resource whose nominalQuota follows capacity.")
+    headroom: int = Field(0, ge=0, description="GPUs kept out of the quota (count).")
+    floor: int = Field(0, ge=0, description="The quota never goes below this many GPUs.")
+    hysteresis: int = Field(
+        1, ge=1, description="A shortfall smaller than this many GPUs does not lower the quota."
+    )
+    lower_after_seconds: float = Field(
+        60.0, ge=0, description="A shortfall must last this long before the quota is lowered, seconds."
+    )
+    interval_seconds: float = Field(30.0, gt=0, description="How often the quota is synced, seconds.")
+    field_manager: str = Field(
+        "healer-kueue", min_length=1, max_length=128, description="Server-side apply field manager."
+    )
+
+    @model_validator(mode="after")
+    def _enabled_needs_targets(self) -> KueueSettings:
+        if self.enabled and not (self.cluster_queues and self.flavors):
+            raise ValueError("kueue.enabled needs cluster_queues and flavors")
+        return self
+
+    def policy(self) -> QuotaPolicy:
+        """The policy as the pure engine takes it."""
+        return QuotaPolicy(
+            headroom=self.headroom,
+            floor=self.floor,
+            hysteresis=self.hysteresis,
+            lower_after_seconds=self.lower_after_seconds,
+        )
+
+    def flavor_models(self) -> tuple[Flavor, ...]:
+        """The flavors as the pure engine takes them."""
+        return tuple(Flavor(name=f.name, node_labels=dict(f.node_labels)) for f in self.flavors)
 
 
 class ProviderSettings(_Group):
@@ -436,6 +523,8 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     repair: RepairSettings = Field(default_factory=RepairSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
+    kueue: KueueSettings = Field(default_factory=KueueSettings)
+    gpu_isolation: GpuIsolationSettings = Field(default_factory=GpuIsolationSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -9,6 +9,8 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     prometheus_source   the detection source
     node_actions        the Kubernetes adapter, or its dry-run recorder
     address_lookup      the cluster's node and exporter pod addresses (series without a node label)
+    gpu_isolation       single GPUs out (DRA DeviceTaintRule or node annotation), or its recorder
+    quota_sync          the Kueue quota sync (``kueue.enabled``), or its dry-run recorder
     dashboard           the FastAPI app with its chart source, metrics and clock
     build_process       the controller and its dashboard (``healer run``, the demo)
 """
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.actions.validation import ValidationJobs
     from healer.controller import Controller
+    from healer.controller.gpu_isolation import GpuIsolationSync
+    from healer.controller.quota_sync import QuotaSync
     from healer.metrics import HealerMetrics
     from healer.model.addresses import AddressBook
     from healer.ruleset.schema import RuleSet
@@ -224,6 +228,52 @@ def dashboard(
     )
 
 
+def quota_sync(
+    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session], cluster: KubernetesNodeActions
+) -> QuotaSync | None:
+    """The Kueue quota sync when ``kueue.enabled`` (None otherwise); with ``safety.dry_run`` it
+    records the quota it would set and applies nothing."""
+    if not settings.kueue.enabled:
+        return None
+    from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
+    from healer.controller.quota_sync import QuotaSync
+
+    k = settings.kueue
+    real = KueueQuotas(
+        api_client,
+        resource=k.resource,
+        field_manager=k.field_manager,
+        request_timeout=settings.kubernetes.request_timeout_seconds,
+    )
+    quotas = DryRunKueueQuotas(real) if settings.safety.dry_run else real
+    return QuotaSync(
+        settings=k,
+        quotas=quotas,
+        nodes=cluster.list_nodes,
+        sessions=sessions,
+        domain=settings.kubernetes.domain,
+    )
+
+
+def gpu_isolation(
+    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session]
+) -> GpuIsolationSync:
+    """Single GPUs out for rules with ``quarantine: {scope: gpu}``: a DRA DeviceTaintRule or a node
+    annotation (``gpu_isolation``); with ``safety.dry_run`` it records what it would take out."""
+    from healer.actions.gpu_isolation import DryRunGpuIsolation, GpuIsolation
+    from healer.controller.gpu_isolation import GpuIsolationSync
+
+    real = GpuIsolation(
+        api_client,
+        settings.gpu_isolation,
+        domain=settings.kubernetes.domain,
+        request_timeout=settings.kubernetes.request_timeout_seconds,
+    )
+    return GpuIsolationSync(
+        isolation=DryRunGpuIsolation(real) if settings.safety.dry_run else real, sessions=sessions
+    )
+
+
 @dataclass
 class Process:
     """A built controller process: the controller and the dashboard app it serves."""
@@ -287,6 +337,8 @@ def build_process(
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
         validator=validation_jobs(settings, api_client),
+        quota_sync=quota_sync(settings, api_client, sessions, cluster),
+        gpu_isolation=gpu_isolation(settings, api_client, sessions),
     )
     app = dashboard(
         settings,

@@ -424,6 +424,9 @@ def control_plane(bindir: Path, *, node_grace_seconds: int | None = None) -> Ite
                 # Pods are created right after their namespace; the "default" ServiceAccount the
                 # admission plugin insists on would not exist yet. KWOK runs no containers anyway.
                 "--disable-admission-plugins=ServiceAccount",
+                # DRA device taints (alpha in 1.34): healer's one-GPU-out creates DeviceTaintRules.
+                "--feature-gates=DRADeviceTaints=true",
+                "--runtime-config=resource.k8s.io/v1alpha3=true",
                 f"--cert-dir={workdir / 'apiserver-certs'}",
                 "--profiling=false",
                 f"--audit-policy-file={workdir / 'audit-policy.yaml'}",

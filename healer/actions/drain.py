@@ -65,6 +65,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from healer.actions import checkpoint as ckpt
 from healer.actions.apierrors import api_call
 from healer.errors import KubernetesError
 from healer.model.drain import DrainOptions, DrainReport
@@ -391,10 +392,35 @@ def still_present(pods: list[k8s.V1Pod], now: datetime, skip_wait_seconds: float
     return kept
 
 
-def plan(core: k8s.CoreV1Api, node: str, *, options: DrainOptions, request_timeout: float) -> DrainReport:
-    """What a drain step would do now; evicts nothing. ``evicted`` lists the pods it would evict."""
+@dataclass(frozen=True)
+class Checkpointing:
+    """Who is asked to checkpoint before eviction (:mod:`healer.actions.checkpoint`): the keys, the
+    wait for pods that opt in by label (seconds), and the node's incident (named in the request)."""
+
+    keys: ckpt.CheckpointKeys
+    label_seconds: float = 600.0
+    incident: int | None = None
+
+
+def plan(
+    core: k8s.CoreV1Api,
+    node: str,
+    *,
+    options: DrainOptions,
+    request_timeout: float,
+    checkpointing: Checkpointing | None = None,
+    now: datetime | None = None,
+) -> DrainReport:
+    """What a drain step would do now; evicts nothing and asks nothing. ``evicted`` lists the pods
+    it would evict, ``checkpointing`` those it would ask to checkpoint first."""
     p = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
     would = tuple(sorted(pod_key(x) for x in p.evict))
+    asked: tuple[str, ...] = ()
+    if checkpointing is not None and now is not None and not p.refused:
+        g = _gate(
+            core, p.evict, checkpointing, options, now=now, latest=None, request_timeout=request_timeout
+        )
+        asked = tuple(sorted(g.waiting))
     return DrainReport(
         done=not p.refused,
         evicted=() if p.refused else would,
@@ -402,6 +428,32 @@ def plan(core: k8s.CoreV1Api, node: str, *, options: DrainOptions, request_timeo
         refused=dict(p.refused),
         kept=tuple(sorted(p.kept)),
         dry_run=True,
+        checkpointing=asked,
+    )
+
+
+def _gate(
+    core: k8s.CoreV1Api,
+    pods: Sequence[k8s.V1Pod],
+    checkpointing: Checkpointing,
+    options: DrainOptions,
+    *,
+    now: datetime,
+    latest: datetime | None,
+    request_timeout: float,
+    ask: bool = False,
+) -> ckpt.Gate:
+    return ckpt.gate(
+        core,
+        pods,
+        incident=checkpointing.incident,
+        now=now,
+        rule_seconds=options.checkpoint_seconds,
+        label_seconds=checkpointing.label_seconds,
+        keys=checkpointing.keys,
+        request_timeout=request_timeout,
+        ask=ask,
+        latest=latest,
     )
 
 
@@ -416,8 +468,13 @@ def drain_step(
     request_timeout: float,
     node_ready: bool = True,
     skip_wait_for_delete_timeout_seconds: float = 300.0,
+    checkpointing: Checkpointing | None = None,
 ) -> DrainReport:
     """Evict what can be evicted now; see the module docstring for every rule.
+
+    With ``checkpointing``, pods that are to checkpoint first (:mod:`healer.actions.checkpoint`)
+    are asked, and evicted only once they answered or their deadline (never later than the drain's)
+    passed; until then they are in ``checkpointing`` and ``remaining``.
 
     Args:
         started_at, now: aware datetimes; the deadline is ``started_at + options.timeout_seconds``.
@@ -443,7 +500,21 @@ def drain_step(
             refused=dict(p.refused),
             kept=tuple(sorted(p.kept)),
         )
-    past_deadline = now >= started_at + timedelta(seconds=options.timeout_seconds)
+    deadline = started_at + timedelta(seconds=options.timeout_seconds)
+    past_deadline = now >= deadline
+    gate = ckpt.Gate(ready=list(p.evict))
+    if checkpointing is not None and p.evict:
+        gate = _gate(
+            core,
+            p.evict,
+            checkpointing,
+            options,
+            now=now,
+            latest=deadline,
+            request_timeout=request_timeout,
+            ask=True,
+        )
+        p.evict = gate.ready
     grace = options.grace_period_seconds
     evicted: list[str] = []
     errors: dict[str, str] = {}
@@ -528,6 +599,8 @@ def drain_step(
         blocked=blocked,
         kept=tuple(sorted(after.kept)),
         errors=errors,
+        checkpointing=tuple(sorted(gate.waiting)),
+        checkpoints=gate.times,
     )
 
 

@@ -42,7 +42,7 @@ class NodeReader(Protocol):
 
     def read_node(self, name: str) -> NodeView: ...
 
-    def plan_drain(self, name: str, *, options: DrainOptions) -> DrainReport: ...
+    def plan_drain(self, name: str, *, options: DrainOptions, now: datetime | None = None) -> DrainReport: ...
 
 
 class RecordingNodeActions:
@@ -181,13 +181,15 @@ class RecordingNodeActions:
         ``evicted`` listing the pods a drain would evict.
         """
         name = node.name if isinstance(node, NodeView) else node
-        report = self.reader.plan_drain(name, options=options)
+        report = self.reader.plan_drain(name, options=options, now=now)
         self._record(
             "drain",
             name,
             now=now,
             detail={
                 "would_evict": list(report.evicted),
+                "would_ask_checkpoint": list(report.checkpointing),
+                "checkpoint_seconds": options.checkpoint_seconds,
                 "kept": list(report.kept),
                 "refused": dict(report.refused),
                 "timeout_seconds": options.timeout_seconds,

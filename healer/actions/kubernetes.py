@@ -13,6 +13,9 @@ through the official ``kubernetes`` client. What it writes on a node, for ``doma
       healer.dev/since: <ISO 8601 UTC>
     Events (events.k8s.io/v1, namespace "default", regarding the Node): HealerQuarantined ...
 
+On pods, only when a drain asks them to checkpoint first: ``healer.dev/checkpoint-requested-at``,
+``-deadline`` and ``-incident`` annotations (:mod:`healer.actions.checkpoint`).
+
 Every ``ApiException`` becomes a :class:`healer.errors.KubernetesError` (404 → ``KubernetesNotFound``,
 409 → ``KubernetesConflict``, 429 → ``KubernetesTooManyRequests``) with the exception as
 ``__cause__``; transport failures become a ``KubernetesError`` with ``status=None``.
@@ -41,6 +44,7 @@ from kubernetes import client as k8s
 from healer.actions import drain as drain_mod
 from healer.actions.apierrors import api_call
 from healer.actions.base import NodeRef
+from healer.actions.checkpoint import CheckpointKeys
 from healer.actions.timestamps import micro_time
 from healer.clock import utc_now
 from healer.config import KubernetesSettings
@@ -54,6 +58,7 @@ from healer.model.node import (
     OwnershipKeys,
     TaintEffect,
     human_uncordoned,
+    incident_of,
     pool_of,
 )
 from healer.model.states import ActionStatus
@@ -238,6 +243,12 @@ class KubernetesNodeActions:
         return [
             v for v in views if keys & set(v.annotations) or any(t[0] == self.taint_key for t in v.taints)
         ]
+
+    def list_nodes(self) -> list[NodeView]:
+        """Every node in the cluster now (one list call): the Kueue quota sync counts their GPUs."""
+        with api_call("list nodes"):
+            nodes = self.core.list_node(_request_timeout=self._timeout)
+        return [node_view(n) for n in nodes.items]
 
     def human_uncordoned(self, name: str) -> bool:
         """Read the node: did a human uncordon it after healer cordoned it?"""
@@ -436,11 +447,27 @@ class KubernetesNodeActions:
             request_timeout=self._timeout,
             node_ready=view.conditions.get("Ready", "True") == "True",
             skip_wait_for_delete_timeout_seconds=self.settings.drain_skip_wait_for_delete_timeout_seconds,
+            checkpointing=self._checkpointing(view),
         )
 
-    def plan_drain(self, name: str, *, options: DrainOptions) -> DrainReport:
-        """What a drain would do now, without evicting anything (``dry_run=True`` in the report)."""
-        return drain_mod.plan(self.core, name, options=options, request_timeout=self._timeout)
+    def _checkpointing(self, view: NodeView) -> drain_mod.Checkpointing:
+        return drain_mod.Checkpointing(
+            keys=CheckpointKeys.for_domain(self.settings.domain),
+            label_seconds=self.settings.checkpoint_timeout_seconds,
+            incident=incident_of(view, domain=self.settings.domain),
+        )
+
+    def plan_drain(self, name: str, *, options: DrainOptions, now: datetime | None = None) -> DrainReport:
+        """What a drain would do now, without evicting or asking anything (``dry_run=True`` in the
+        report; ``checkpointing`` names the pods it would ask to checkpoint first)."""
+        return drain_mod.plan(
+            self.core,
+            name,
+            options=options,
+            request_timeout=self._timeout,
+            checkpointing=self._checkpointing(self.read_node(name)) if now is not None else None,
+            now=now,
+        )
 
     def release(self, node: NodeRef, *, now: datetime | None = None) -> NodeView:
         """Hand the node back: set the condition to True (if healer had set it False), then remove

@@ -110,8 +110,12 @@ def _action_options(action: Any, *, everything: bool) -> dict[str, Any]:
         value = getattr(action, name)
         if name == "kind" or (not everything and value == field.default and name != "timeout"):
             continue
-        out[name] = format_duration(value) if name == "timeout" else value
+        out[name] = format_duration(value) if name in _DURATIONS else value
     return out
+
+
+#: Action options held as seconds, shown as Prometheus durations.
+_DURATIONS = frozenset({"timeout", "checkpoint"})
 
 
 def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[str, Any]:

@@ -178,7 +178,9 @@ class Recorder:
     def drain_progress(
         self, session: Session, node: Node, *, error: str | None, report: DrainReport | None
     ) -> None:
-        """Update the drain's action row: attempts, evicted pods so far, and its final status."""
+        """Update the drain's action row: attempts, evicted pods so far, when the first eviction
+        went out, the checkpoint conversation per pod (asked, answered or deadline) and its final
+        status."""
         row = session.scalar(
             select(Action)
             .where(Action.node_id == node.id, Action.kind == "drain", Action.status == ActionStatus.RUNNING)
@@ -198,6 +200,16 @@ class Recorder:
             detail["errors"] = dict(report.errors)  # pod -> why its eviction failed this round (retried)
             if report.deleted:
                 detail["deleted"] = sorted(set(detail.get("deleted", [])) | set(report.deleted))
+            if report.evicted and "first_eviction_at" not in detail:
+                detail["first_eviction_at"] = self.now.isoformat()
+            if report.checkpoints or report.checkpointing:
+                # pod -> requested_at, deadline, acknowledged_at | deadline_passed_at (read back
+                # from the pod's annotations each step, so later steps only add the answer).
+                seen = dict(detail.get("checkpoints", {}))
+                for pod, times in report.checkpoints.items():
+                    seen[pod] = {**seen.get(pod, {}), **times}
+                detail["checkpoints"] = seen
+                detail["checkpointing"] = list(report.checkpointing)
             if report.done:
                 row.status = ActionStatus.SUCCEEDED
             elif report.blocked or report.refused:

@@ -3,10 +3,13 @@
 Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not stacked):
 
 * **lease**   every ``kubernetes.renew_interval_seconds``: acquire or renew the Lease.
-* **tick**    every rule-group interval (the shortest one): detection → remediation → record.
+* **tick**    every rule-group interval (the shortest one): detection → remediation → record;
+  then single GPUs out or back (:mod:`healer.controller.gpu_isolation`).
 * **drains**  every ``scheduler.drain_interval_seconds``: one step of every drain in progress.
 * **outbox**  every ``scheduler.outbox_interval_seconds``: deliver due provider tickets.
 * **rules**   every 2 s: reload rule files that changed (SIGHUP reloads at once).
+* **kueue**   every ``kueue.interval_seconds`` when ``kueue.enabled``: the ClusterQueues' GPU
+  quota follows healthy capacity (:mod:`healer.controller.quota_sync`).
 * **retention** hourly: prune rule evaluations and closed incidents' rows older than
   ``scheduler.retention_days``.
 
@@ -39,9 +42,12 @@ from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence, claim
+from healer.controller.gpu_isolation import GpuIsolationSync
 from healer.controller.passes import RemediationResult, advance_drains, remediate
+from healer.controller.quota_sync import QuotaSync
 from healer.coverage import observe_coverage
 from healer.detection import DetectionResult, initial_state, run_detection
+from healer.engine import gpu_scope
 from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError, NotLeader
 from healer.metrics import HealerMetrics
@@ -136,6 +142,10 @@ class Controller:
     #: The cluster's node and exporter pod addresses, for series without a node label; None = none.
     addresses: Callable[[], AddressBook] | None = None
     validator: ValidationJobs | None = None  # validation Jobs (validation.enabled, not dry-run)
+    #: The Kueue quota sync (``kueue.enabled``), run by its own job; None: off.
+    quota_sync: QuotaSync | None = None
+    #: Takes single GPUs out for rules with ``quarantine: {scope: gpu}`` (each tick); None: off.
+    gpu_isolation: GpuIsolationSync | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     _leader: bool = False
@@ -237,16 +247,18 @@ class Controller:
                     self.metrics.set_unresolved(report.rule, report.unresolved)
                 if not self.is_leader():
                     return
+                # Findings contained to one GPU (rules with quarantine scope gpu) stay off the node.
+                node_findings = gpu_scope.for_nodes(detection.findings, ruleset)
                 ownership.settle(
                     owned=self.owned,
                     actions=self.actions,
                     sessions=self.session_factory,
-                    findings=detection.findings,
+                    findings=node_findings,
                     now=now,
                     fence=self.fence(),
                 )
                 result = remediate(
-                    findings=detection.findings,
+                    findings=node_findings,
                     rules=ruleset,
                     actions=self.actions,
                     session_factory=self.session_factory,
@@ -260,6 +272,8 @@ class Controller:
                     validator=self.validator,
                 )
                 self._count(result)
+                if self.gpu_isolation is not None:
+                    self.gpu_isolation.run(detection.findings, ruleset, now, fence=self.fence())
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
                     log.info(
@@ -373,6 +387,16 @@ class Controller:
                 return
             self._count(result)
 
+    def kueue(self) -> None:
+        """Keep the managed ClusterQueues' GPU quota in step with healthy capacity (leader only)."""
+        if self.quota_sync is None or not self.is_leader():
+            return
+        with self._lock:
+            try:
+                self.quota_sync.run(self.clock(), fence=self.fence())
+            except NotLeader as exc:
+                log.warning("stopped mid quota sync, nothing more written: %s", exc)
+
     def outbox(self) -> None:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
         if not self.is_leader():
@@ -428,6 +452,8 @@ class Controller:
             (self.reload_rules, 2.0),
             (self.retention, 3600.0),
         ]
+        if self.quota_sync is not None:
+            jobs.append((self.kueue, s.kueue.interval_seconds))
         for func, seconds in jobs:
             scheduler.add_job(
                 _guarded(func),

@@ -15,6 +15,8 @@ class DrainOptions:
     are the rule schema's (``healer.ruleset.schema.DrainAction``). ``budget_wait_seconds``: how
     long one drain step keeps watching the PodDisruptionBudgets that hold its pods, evicting each
     pod as soon as its budget allows (0 = one round per step, held pods wait for the next step).
+    ``checkpoint_seconds``: before evicting a pod that requests GPUs, ask it to checkpoint and wait
+    up to this long for its answer (0 = do not ask; :mod:`healer.actions.checkpoint`).
     """
 
     timeout_seconds: float = 3600.0
@@ -25,6 +27,7 @@ class DrainOptions:
     delete_after_timeout: bool = False
     concurrency: int = 8
     budget_wait_seconds: float = 5.0
+    checkpoint_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class DrainReport:
     errors: dict[str, str] = field(default_factory=dict)  # pod -> unexpected API error (retried next step)
     stopped: str = ""  # why the step did nothing (e.g. the node is schedulable again: a human uncordon)
     dry_run: bool = False  # what a drain would do now; nothing was evicted
+    checkpointing: tuple[str, ...] = ()  # pods asked to checkpoint, not evicted before they answer
+    # pod -> requested_at, deadline, and acknowledged_at or deadline_passed_at (RFC 3339 UTC)
+    checkpoints: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def refused_any(self) -> bool:

@@ -83,10 +83,16 @@ class _Strict(BaseModel):
 
 
 class QuarantineAction(_Strict):
-    """Cordon (``spec.unschedulable``), add healer's taint, set the node condition False."""
+    """Cordon (``spec.unschedulable``), add healer's taint, set the node condition False.
+
+    ``scope: gpu``: a finding naming one GPU takes out that GPU only (a DRA DeviceTaintRule, or a
+    node annotation) and the node keeps serving; a second GPU, or a finding without a GPU,
+    quarantines the node (:mod:`healer.engine.gpu_scope`).
+    """
 
     kind: Literal["quarantine"] = "quarantine"
     taint_effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+    scope: Literal["node", "gpu"] = "node"
 
 
 class TaintAction(_Strict):
@@ -109,6 +115,22 @@ class DrainAction(_Strict):
         False, description="Past the deadline, DELETE pods a PodDisruptionBudget still protects (recorded)."
     )
     concurrency: int = Field(8, ge=1, le=256, description="Evictions in flight at once.")
+    checkpoint: Seconds = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Before evicting a pod that requests GPUs, ask it to checkpoint (pod annotation) and wait "
+            "up to this long for its answer, seconds; 0 = evict without asking."
+        ),
+    )
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_within_timeout(cls, value: float, info: ValidationInfo) -> float:
+        timeout = info.data.get("timeout")
+        if value and timeout is not None and value >= timeout:
+            raise ValueError("checkpoint must be shorter than the drain's timeout")
+        return value
 
     def options(self) -> DrainOptions:
         """The drain options as the controller and the Kubernetes adapter take them."""
@@ -120,6 +142,7 @@ class DrainAction(_Strict):
             force=self.force,
             delete_after_timeout=self.delete_after_timeout,
             concurrency=self.concurrency,
+            checkpoint_seconds=self.checkpoint,
         )
 
 

@@ -61,10 +61,13 @@ CLUSTER_PERMISSIONS = {
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "delete"),  # drain's delete_after_timeout
+    ("", "pods", "patch"),  # drain's checkpoint request (pod annotations)
     ("", "pods/eviction", "create"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
     ("policy", "poddisruptionbudgets", "list"),
+    *(("kueue.x-k8s.io", "clusterqueues", verb) for verb in ("get", "list", "patch")),  # quota sync
+    *(("resource.k8s.io", "devicetaintrules", verb) for verb in ("list", "create", "delete")),  # GPU out
 }
 LEASE_PERMISSIONS = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
 
@@ -652,6 +655,9 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
         "pod_disruption_budget_for_all_namespaces": ("policy", "poddisruptionbudgets"),
         "namespaced_pod_disruption_budget": ("policy", "poddisruptionbudgets"),
         "namespaced_job": ("batch", "jobs"),
+        # The only custom objects healer touches: Kueue's ClusterQueues (healer/actions/kueue.py).
+        "cluster_custom_object": ("kueue.x-k8s.io", "clusterqueues"),
+        "device_taint_rule": ("resource.k8s.io", "devicetaintrules"),
     }
     needed = set()
     for call in sorted(calls):

@@ -132,7 +132,7 @@ def test_show_json_and_yaml_give_the_effective_rules(runner: CliRunner, fmt: str
         "critical",
     )
     assert hot["actions"] == [
-        {"kind": "quarantine", "taint_effect": "NoSchedule"},
+        {"kind": "quarantine", "taint_effect": "NoSchedule", "scope": "node"},
         {
             "kind": "drain",
             "timeout": "1h",
@@ -142,6 +142,7 @@ def test_show_json_and_yaml_give_the_effective_rules(runner: CliRunner, fmt: str
             "force": False,
             "delete_after_timeout": False,
             "concurrency": 8,
+            "checkpoint": "0s",
         },
         {"kind": "ticket", "provider": "default", "template": None},
     ]

@@ -1,0 +1,308 @@
+"""Kueue quota sync on a real control plane: Kueue's ClusterQueue CRD (cut down to the fields healer
+uses, ``tests/fixtures/kueue-clusterqueue-crd.yaml``), KWOK nodes with 8 GPUs each, healer as its
+ServiceAccount under the chart's ClusterRole. No Kueue controller runs: the quota is what we read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client import ApiClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from healer.actions.kubernetes import KubernetesNodeActions
+from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
+from healer.config import KubernetesSettings, KueueSettings, load_settings
+from healer.controller.quota_sync import ACTION_KIND, QuotaSync
+from healer.model.node import NodeEdit, Ownership
+from healer.store.models import Action
+from healer.store.session import make_engine, make_sessionmaker
+from healer.wiring import build_process
+from tests.conftest import FIXTURES
+from tests.kube_cluster import ControlPlane
+from tests.services import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+SETTINGS = KubernetesSettings(domain="healer.dev", request_timeout_seconds=10)
+GROUP, PLURAL = "kueue.x-k8s.io", "clusterqueues"
+GPU = "nvidia.com/gpu"
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def kueue_crd(kube: ControlPlane) -> None:
+    """Kueue's ClusterQueue CRD installed (as admin) and Established."""
+    crd = yaml.safe_load((FIXTURES / "kueue-clusterqueue-crd.yaml").read_text())
+    with kube.admin_client() as api:
+        ext = k8s.ApiextensionsV1Api(api)
+        with contextlib.suppress(k8s.ApiException):
+            ext.create_custom_resource_definition(crd)
+
+        def established() -> bool:
+            got = ext.read_custom_resource_definition(crd["metadata"]["name"])
+            return any(c.type == "Established" and c.status == "True" for c in got.status.conditions or [])
+
+        wait_until(established, timeout=30, interval=0.2, what="ClusterQueue CRD Established")
+
+
+@pytest.fixture
+def sessions(migrated_sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(migrated_sqlite_url)
+    yield make_sessionmaker(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def actions(kube_healer_api: ApiClient) -> KubernetesNodeActions:
+    return KubernetesNodeActions(kube_healer_api, SETTINGS, identity="healer-test")
+
+
+@pytest.fixture
+def custom(kube_admin: ApiClient) -> k8s.CustomObjectsApi:
+    return k8s.CustomObjectsApi(kube_admin)
+
+
+@pytest.fixture
+def fleet(kube: ControlPlane, kueue_crd: None, custom: k8s.CustomObjectsApi) -> dict[str, Any]:
+    """Three 8-GPU nodes of a fresh flavor, and a ClusterQueue giving that flavor 24 GPUs (set by
+    a person with ``kubectl apply``: field manager ``kubectl``), plus a CPU flavor healer leaves alone."""
+    flavor = unique("h100")
+    nodes = [unique("kq") for _ in range(3)]
+    kube.add_nodes(nodes, labels={"healer-test/flavor": flavor})
+    queue = unique("train")
+    body = {
+        "apiVersion": f"{GROUP}/v1beta1",
+        "kind": "ClusterQueue",
+        "metadata": {"name": queue},
+        "spec": {
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", GPU],
+                    "flavors": [
+                        {
+                            "name": flavor,
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": "192"},
+                                {"name": GPU, "nominalQuota": 24},
+                            ],
+                        }
+                    ],
+                },
+                {
+                    "coveredResources": ["memory"],
+                    "flavors": [
+                        {"name": "default", "resources": [{"name": "memory", "nominalQuota": "1Ti"}]}
+                    ],
+                },
+            ]
+        },
+    }
+    custom.patch_cluster_custom_object(
+        GROUP,
+        "v1beta1",
+        PLURAL,
+        queue,
+        body,
+        field_manager="kubectl",
+        _content_type="application/apply-patch+yaml",
+    )
+    return {"flavor": flavor, "nodes": nodes, "queue": queue}
+
+
+@dataclass
+class Scene:
+    """healer's clients (its ServiceAccount), its database, the fleet and an admin reader."""
+
+    api: ApiClient
+    actions: KubernetesNodeActions
+    sessions: sessionmaker[Session]
+    fleet: dict[str, Any]
+    custom: k8s.CustomObjectsApi
+
+
+@pytest.fixture
+def scene(
+    kube_healer_api: ApiClient,
+    actions: KubernetesNodeActions,
+    sessions: sessionmaker[Session],
+    fleet: dict[str, Any],
+    custom: k8s.CustomObjectsApi,
+) -> Scene:
+    return Scene(kube_healer_api, actions, sessions, fleet, custom)
+
+
+def sync(scene: Scene, *, dry_run: bool = False, **policy: Any) -> QuotaSync:
+    kube_healer_api, actions, sessions, fleet = scene.api, scene.actions, scene.sessions, scene.fleet
+    settings = KueueSettings(
+        enabled=True,
+        cluster_queues=[fleet["queue"]],
+        flavors=[{"name": fleet["flavor"], "node_labels": {"healer-test/flavor": fleet["flavor"]}}],
+        **policy,
+    )
+    real = KueueQuotas(kube_healer_api)
+    return QuotaSync(
+        settings=settings,
+        quotas=DryRunKueueQuotas(real) if dry_run else real,
+        nodes=actions.list_nodes,
+        sessions=sessions,
+        domain="healer.dev",
+    )
+
+
+def quarantine(actions: KubernetesNodeActions, name: str) -> None:
+    """What healer's quarantine step writes: cordon, taint and ownership annotations, one patch."""
+    own = Ownership(incident_id=1, reason="GpuTooHot", at=T0)
+    actions.edit(name, NodeEdit(cordon=own, taint=("GpuTooHot", "NoSchedule")))
+
+
+def gpu_quota(custom: k8s.CustomObjectsApi, fleet: dict[str, Any]) -> str:
+    got = custom.get_cluster_custom_object(GROUP, "v1beta2", PLURAL, fleet["queue"])
+    (flavor,) = got["spec"]["resourceGroups"][0]["flavors"]
+    return str({r["name"]: r["nominalQuota"] for r in flavor["resources"]}[GPU])
+
+
+def version_of(custom: k8s.CustomObjectsApi, fleet: dict[str, Any]) -> str:
+    return str(
+        custom.get_cluster_custom_object(GROUP, "v1beta2", PLURAL, fleet["queue"])["metadata"][
+            "resourceVersion"
+        ]
+    )
+
+
+def recorded(sessions: sessionmaker[Session]) -> list[tuple[str, dict[str, Any]]]:
+    with sessions() as session:
+        rows = session.scalars(select(Action).where(Action.kind == ACTION_KIND).order_by(Action.id)).all()
+        return [(r.status, dict(r.detail or {})) for r in rows]
+
+
+def test_quota_drops_by_a_node_when_healer_quarantines_it_and_comes_back_when_it_returns(
+    scene: Scene,
+) -> None:
+    actions, sessions, fleet, custom = scene.actions, scene.sessions, scene.fleet, scene.custom
+    job = sync(scene, hysteresis=4, lower_after_seconds=30)
+    assert [d.set_to for d in job.run(T0)] == [None]  # 24 GPUs healthy, quota 24
+    bad = fleet["nodes"][0]
+    quarantine(actions, bad)
+
+    (waiting,) = job.run(T0 + timedelta(seconds=1))
+    assert (waiting.capacity, waiting.set_to) == (16, None) and "lowered in 30 s" in waiting.reason
+    assert gpu_quota(custom, fleet) == "24"
+
+    (lowered,) = job.run(T0 + timedelta(seconds=31))  # 30 s after the shortfall was seen
+    assert lowered.set_to == 16
+    assert gpu_quota(custom, fleet) == "16"
+    got = custom.get_cluster_custom_object(GROUP, "v1beta2", PLURAL, fleet["queue"])
+    managers = {m["manager"]: m["operation"] for m in got["metadata"]["managedFields"]}
+    assert managers.get("healer-kueue") == "Apply"
+    cpu = got["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]
+    assert cpu == {"name": "cpu", "nominalQuota": "192"}  # the rest of the atomic list as it was
+    assert got["spec"]["resourceGroups"][1]["flavors"][0]["name"] == "default"
+
+    actions.release(bad, now=T0 + timedelta(minutes=5))
+    (raised,) = job.run(T0 + timedelta(seconds=40))
+    assert raised.set_to == 24 and gpu_quota(custom, fleet) == "24"
+    assert [(s, d["from"], d["to"], d["capacity"]) for s, d in recorded(sessions)] == [
+        ("succeeded", 24, 16, 16),
+        ("succeeded", 16, 24, 24),
+    ]
+
+
+def test_quota_never_goes_below_the_floor(scene: Scene) -> None:
+    actions, fleet, custom = scene.actions, scene.fleet, scene.custom
+    job = sync(scene, floor=12, lower_after_seconds=0)
+    for name in fleet["nodes"][:2]:
+        quarantine(actions, name)
+    (decision,) = job.run(T0)
+    assert (decision.capacity, decision.set_to) == (8, 12)
+    assert gpu_quota(custom, fleet) == "12"
+    quarantine(actions, fleet["nodes"][2])
+    (none_left,) = job.run(T0 + timedelta(seconds=30))
+    assert (none_left.capacity, none_left.set_to) == (0, None)
+    assert gpu_quota(custom, fleet) == "12"
+
+
+def test_quota_does_not_oscillate_within_the_hysteresis(kube: ControlPlane, scene: Scene) -> None:
+    actions, sessions, fleet, custom = scene.actions, scene.sessions, scene.fleet, scene.custom
+    job = sync(scene, hysteresis=4, lower_after_seconds=60)
+    before = version_of(custom, fleet)
+    flapping = fleet["nodes"][1]
+    # A node out and back, twice, each time for less than lower_after_seconds: no write.
+    for start in (0, 100):
+        quarantine(actions, flapping)
+        job.run(T0 + timedelta(seconds=start))
+        job.run(T0 + timedelta(seconds=start + 50))
+        actions.release(flapping, now=T0)
+        job.run(T0 + timedelta(seconds=start + 70))
+    # Two GPUs gone from allocatable (fell off the bus): within the hysteresis of 4, for long.
+    with kube.admin_client() as api:
+        core = k8s.CoreV1Api(api)
+        core.patch_node_status(fleet["nodes"][2], {"status": {"allocatable": {GPU: "6"}}})
+        wait_until(
+            lambda: core.read_node(fleet["nodes"][2]).status.allocatable[GPU] == "6",
+            what="allocatable 6 GPUs",
+        )
+    for minutes in (5, 10, 60):
+        (decision,) = job.run(T0 + timedelta(minutes=minutes))
+        assert decision.capacity == 22 and decision.set_to is None, decision.reason
+    assert version_of(custom, fleet) == before and gpu_quota(custom, fleet) == "24"
+    assert recorded(sessions) == []
+
+
+def test_dry_run_records_the_quota_it_would_set_and_changes_nothing(scene: Scene) -> None:
+    actions, sessions, fleet, custom = scene.actions, scene.sessions, scene.fleet, scene.custom
+    job = sync(scene, dry_run=True, lower_after_seconds=0)
+    quarantine(actions, fleet["nodes"][0])
+    job.run(T0)
+    job.run(T0 + timedelta(seconds=30))  # already "set": not recorded twice
+    assert gpu_quota(custom, fleet) == "24"
+    assert [(s, d["from"], d["to"]) for s, d in recorded(sessions)] == [("dry_run", 24, 16)]
+
+
+def test_kueue_version_is_discovered(kube_healer_api: ApiClient, kueue_crd: None) -> None:
+    assert KueueQuotas(kube_healer_api).version() == "v1beta2"
+
+
+def test_the_controller_built_by_healer_run_syncs_the_quota_once_it_leads(
+    kube: ControlPlane, kube_healer_token: str, scene: Scene, tmp_path: Path, migrated_sqlite_url: str
+) -> None:
+    """The composition root wires the sync in when ``kueue.enabled``; only the leader applies."""
+    fleet, custom = scene.fleet, scene.custom
+    settings = load_settings(
+        rules_paths=[REPO / "rules"],
+        database={"url": migrated_sqlite_url},
+        kubernetes={
+            "kubeconfig": kube.kubeconfig(kube_healer_token, tmp_path / "kubeconfig"),
+            "lease_name": unique("lease"),
+        },
+        safety={"dry_run": False, "allow_missing_providers": True},
+        kueue={
+            "enabled": True,
+            "cluster_queues": [fleet["queue"]],
+            "flavors": [{"name": fleet["flavor"], "node_labels": {"healer-test/flavor": fleet["flavor"]}}],
+            "lower_after_seconds": 0,
+        },
+    )
+    process = build_process(settings, identity="healer-kueue-test")
+    try:
+        quarantine(scene.actions, fleet["nodes"][0])
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "24"  # not the leader: nothing applied
+        process.controller.keep_lease()
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "16"
+    finally:
+        process.controller.stop()
