@@ -8,7 +8,7 @@ Flags that matter to healer:
 
 * ``-search.latencyOffset=0s``: by default (30 s) VictoriaMetrics answers a query for "now" as of
   30 s ago, so healer would see every fault 30 s late. A production VictoriaMetrics behind healer
-  needs the same flag (docs/engines in README.md).
+  needs the same flag (docs/operations.md, "VictoriaMetrics, Thanos, Mimir").
 * ``-promscrape.fileSDCheckInterval=1s``: file_sd changes (a test's targets) are picked up within a
   second instead of 5 minutes.
 * ``-retentionPeriod=1d``: the smallest retention it accepts; data lives in a temporary directory.
