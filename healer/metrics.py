@@ -16,7 +16,7 @@ Nothing here is a module-level global: the composition root builds one :class:`H
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -168,7 +168,7 @@ class DatabaseCollector(Collector):
 
 
 #: How far back the parts ledger's metrics look.
-LEDGER_WINDOW = timedelta(days=90)
+LEDGER_WINDOW = parts.DEFAULT_WINDOW
 
 
 def _ledger_families(session: Session, now: datetime) -> Iterable[Metric]:

@@ -12,11 +12,11 @@ from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import charts, operator, queries
+from api import charts, operator, parts_view, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
 from api.deps import (
     FleetQueryDep,
@@ -192,6 +192,7 @@ def node_page(
             "now": now,
             "done": _done(request),
             "releasable": detail.node.state in {str(s) for s in RELEASABLE},
+            "parts_failed_before": parts_view.parts_failed_before(session, detail.node.name, now=now),
         },
     )
 
@@ -212,6 +213,21 @@ def tickets_page(request: Request, session: SessionDep, now: NowDep, _who: Ident
             "now": now,
             "done": _done(request),
         },
+    )
+
+
+@router.get("/parts")
+def parts_page(
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    _who: IdentityDep,
+    days: Annotated[int, Query(ge=1, le=365)] = 90,
+) -> Response:
+    """The parts ledger: parts that failed (repeat offenders flagged first), repair success per
+    step and provider, and time between failures per part and per node, over ``days`` days."""
+    return render(
+        request, "parts.html", {"p": parts_view.parts_page(session, now=now, days=days), "now": now}
     )
 
 

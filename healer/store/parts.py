@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -26,6 +26,9 @@ from healer.model.states import NodeState
 from healer.store.models import Action, Incident, Node, Ticket, Transition
 
 RETURNED = "returned to service"
+
+#: How far back the dashboard's Parts page (by default), the node page's flag and ``/metrics`` look.
+DEFAULT_WINDOW = timedelta(days=90)
 
 
 @dataclass

@@ -26,6 +26,8 @@ from healer.store import nodes as repo
 from healer.store.models import Incident
 from healer.store.session import make_engine, make_sessionmaker
 from tests.integration.test_api_support import (
+    EVIL_SERIAL,
+    MOVED_GPU,
     OPERATOR_TOKEN,
     RULESET,
     VIEWER_TOKEN,
@@ -33,6 +35,7 @@ from tests.integration.test_api_support import (
     dcgm_exporter,
     make_settings,
     seed,
+    seed_parts,
     serve,
 )
 from tests.services import ScrapeTarget, prometheus_server
@@ -237,3 +240,27 @@ def test_rules_page_flags_a_rule_whose_metric_no_target_exports(dashboard: Dashb
         expect(row.get_by_test_id("rule-inputs-absent")).to_be_visible()
         hot = page.get_by_role("row").filter(has=page.get_by_role("link", name="GpuTooHot", exact=True))
         expect(hot.get_by_test_id("rule-inputs-absent")).to_have_count(0)
+
+
+def test_parts_page_flags_a_repeat_part_and_leads_to_its_node(dashboard: Dashboard, page: Page) -> None:
+    """A GPU repaired on one node fails again on another: the Parts page (from the nav) lists it
+    first, flagged, and its node's page carries the flag with the GPU's UUID, serial and where it
+    failed."""
+    seed_parts(dashboard.sessions, now=datetime.now(UTC))
+    page.goto(dashboard.url)
+    page.get_by_role("navigation").get_by_role("link", name="Parts").click()
+    expect(page.get_by_role("heading", name="Parts", exact=True)).to_be_visible()
+    expect(page.get_by_test_id("repeat-parts-alarm")).to_contain_text("1 repeat part")
+    first = page.get_by_test_id("parts").locator("tbody tr").first
+    expect(first.get_by_test_id("part-id")).to_have_text(MOVED_GPU)
+    expect(first.get_by_test_id("repeat-flag")).to_be_visible()
+    expect(first).to_contain_text(EVIL_SERIAL)  # the exporter's label, shown as text
+    expect(page.get_by_test_id("repair-steps")).to_contain_text("100%")
+
+    first.get_by_role("link", name="gpu-node-b2").first.click()
+    expect(page.get_by_test_id("node-name")).to_have_text("gpu-node-b2")
+    flag = page.get_by_test_id("repeat-part")
+    expect(flag).to_be_visible()
+    expect(flag).to_contain_text(f"Repeat part: this node holds GPU {MOVED_GPU} (serial {EVIL_SERIAL})")
+    expect(flag.get_by_role("link", name="gpu-node-a1")).to_be_visible()
+    assert page.locator("b", has_text="sn-1650").count() == 0

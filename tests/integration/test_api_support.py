@@ -282,6 +282,73 @@ def seed(factory: sessionmaker[Session], *, now: datetime = NOW) -> Seeded:
         return Seeded(hot_ticket_id=hot_ticket.id, acked_ticket_id=acked.id)
 
 
+#: The seeded parts ledger: a GPU reset and repaired on one node, moved to another and failing there.
+MOVED_GPU = "GPU-moved-0001"
+EVIL_SERIAL = "<b>sn-1650</b>"
+
+
+def _failure(uuid: str | None, *, device: str | None = None, serial: str | None = None) -> dict[str, object]:
+    labels = {"UUID": uuid, "serial": serial} if uuid else {"device": device}
+    return {"findings": [{"rule": "GpuFatalXidRecent", "labels": {k: v for k, v in labels.items() if v}}]}
+
+
+def seed_parts(factory: sessionmaker[Session], *, now: datetime = NOW) -> None:
+    """Record the ledger's story: GPU :data:`MOVED_GPU` (serial :data:`EVIL_SERIAL`, HTML in it)
+    fails on gpu-node-a1 three hours ago, is reset by the node agent, repaired and returned; it fails
+    again on gpu-node-b2 an hour ago (a repeat part, a ticket to acme). HCA mlx5_0 of gpu-node-c3
+    fails, is rebooted, repaired and returned (a part repaired before)."""
+    with factory() as s, s.begin():
+        for name, part, at, step in (
+            ("gpu-node-a1", _failure(MOVED_GPU, serial=EVIL_SERIAL), now - timedelta(hours=3), "reset-gpu"),
+            ("gpu-node-c3", _failure(None, device="mlx5_0"), now - timedelta(hours=5), "reboot"),
+        ):
+            node = repo.get_or_create_node(s, name, now=at - timedelta(days=1), pool="h100")
+            incident = repo.ensure_incident(s, node, now=at, summary="GpuFatalXidRecent firing")
+            repo.transition(
+                s, node, NodeState.QUARANTINED, now=at, actor="healer", reason="Xid 48", evidence=part
+            )
+            repo.record_action(
+                s,
+                kind="repair-request",
+                status=ActionStatus.SUCCEEDED,
+                actor="healer",
+                now=at + timedelta(minutes=1),
+                node=node,
+                incident=incident,
+                detail={"action": step},
+            )
+            repo.transition(
+                s, node, NodeState.REPAIRED, now=at + timedelta(minutes=5), actor="healer", reason="done"
+            )
+            repo.transition(
+                s, node, NodeState.HEALTHY, now=at + timedelta(minutes=15), actor="healer", reason="held"
+            )
+            repo.close_incident(s, node, now=at + timedelta(minutes=15), reason="returned to service")
+        b = repo.get_or_create_node(s, "gpu-node-b2", now=now - timedelta(days=1), pool="h100")
+        again = now - timedelta(hours=1)
+        incident = repo.ensure_incident(s, b, now=again, summary="GpuFatalXidRecent firing")
+        repo.transition(
+            s,
+            b,
+            NodeState.QUARANTINED,
+            now=again,
+            actor="healer",
+            reason="Xid 79",
+            evidence=_failure(MOVED_GPU),
+        )
+        s.add(
+            Ticket(
+                incident_id=incident.id,
+                node_id=b.id,
+                provider="acme",
+                idempotency_key="k-moved",
+                status="pending",
+                created_at=again + timedelta(minutes=1),
+                updated_at=again + timedelta(minutes=1),
+            )
+        )
+
+
 def build_app(factory: sessionmaker[Session], settings: Settings | None = None, **kwargs: object) -> FastAPI:
     """The app under test with a fixed clock and the test rule set."""
     kwargs.setdefault("clock", lambda: NOW)
