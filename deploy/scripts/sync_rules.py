@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Copy what the Helm chart ships from the repository into the chart: the rule pack and the counters.
+"""Copy what the Helm chart ships from the repository into the chart: the rule pack, the Xid catalog
+and the counters.
 
 Helm reads files (``.Files.Glob``) only from inside the chart, so ``rules/*.yaml`` are copied to
-``deploy/chart/healer/files/rules/`` (ConfigMap ``<release>-rules``) and
+``deploy/chart/healer/files/rules/`` (ConfigMap ``<release>-rules``),
+``rules/catalog/xid-catalog.yaml`` to ``deploy/chart/healer/files/catalog/`` (ConfigMap
+``<release>-xid-catalog``, which the default ladders read: ``repair.xid_catalog``) and
 ``deploy/dcgm-exporter/counters-<line>.csv`` to ``deploy/chart/healer/files/dcgm-metrics-<line>.csv``
-(the optional dcgm-exporter ConfigMap; ``dcgmExporterCounters.exporterLine`` picks one). tests/integration/test_helm_chart.py fails when a copy no longer matches.
+(the optional dcgm-exporter ConfigMap; ``dcgmExporterCounters.exporterLine`` picks one).
+tests/integration/test_deploy_manifests.py fails when a copy no longer matches.
 
 Usage: ``python deploy/scripts/sync_rules.py`` (write) or ``... --check`` (exit 1 when stale).
 """
@@ -16,6 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = REPO / "rules"
+XID_CATALOG = RULES_DIR / "catalog" / "xid-catalog.yaml"
 COUNTERS_DIR = REPO / "deploy" / "dcgm-exporter"
 #: One counters CSV per dcgm-exporter line (they name field 112 differently; see deploy/README.md).
 EXPORTER_LINES = ("3.x", "4.x")
@@ -31,6 +36,7 @@ def rule_files(rules_dir: Path = RULES_DIR) -> dict[str, str]:
 def wanted() -> dict[Path, str]:
     """Every file the chart's ``files/`` must hold, with its text."""
     out = {CHART_FILES / "rules" / name: text for name, text in rule_files().items()}
+    out[CHART_FILES / "catalog" / XID_CATALOG.name] = XID_CATALOG.read_text(encoding="utf-8")
     for line in EXPORTER_LINES:
         csv = COUNTERS_DIR / f"counters-{line}.csv"
         out[CHART_FILES / f"dcgm-metrics-{line}.csv"] = csv.read_text(encoding="utf-8")
@@ -40,7 +46,7 @@ def wanted() -> dict[Path, str]:
 def stale() -> list[str]:
     """Chart files that differ from the repository's, are missing, or are left over (relative paths)."""
     want = wanted()
-    present = {p for p in (CHART_FILES / "rules").glob("*") if p.is_file()}
+    present = {p for d in ("rules", "catalog") for p in (CHART_FILES / d).glob("*") if p.is_file()}
     present |= set(CHART_FILES.glob("dcgm-metrics*.csv"))
     problems = [p for p, text in want.items() if not p.is_file() or p.read_text(encoding="utf-8") != text]
     problems += sorted(present - set(want))
@@ -54,8 +60,10 @@ def main(argv: list[str]) -> int:
             print(f"{path} is stale: run python deploy/scripts/sync_rules.py")
         return 1 if problems else 0
     want = wanted()
-    (CHART_FILES / "rules").mkdir(parents=True, exist_ok=True)
-    for path in [*(CHART_FILES / "rules").glob("*"), *CHART_FILES.glob("dcgm-metrics*.csv")]:
+    for sub in ("rules", "catalog"):
+        (CHART_FILES / sub).mkdir(parents=True, exist_ok=True)
+    copies = [*(CHART_FILES / "rules").glob("*"), *(CHART_FILES / "catalog").glob("*")]
+    for path in [*copies, *CHART_FILES.glob("dcgm-metrics*.csv")]:
         if path not in want:
             path.unlink()
     for path, text in want.items():

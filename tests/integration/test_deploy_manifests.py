@@ -38,6 +38,7 @@ import yaml
 import healer
 from healer import cli as healer_cli
 from healer.config import Settings, load_settings
+from healer.controller.repair import xid_catalog as xid_catalog_of
 from healer.errors import ConfigError
 from healer.ruleset.loading import load_ruleset
 from healer.store import migrate
@@ -592,6 +593,7 @@ def test_every_render_installs_the_same_shape(rendered: dict[str, list[dict[str,
         ("PodDisruptionBudget", "healer"),
         ("ConfigMap", "healer-rules"),
         ("ConfigMap", "healer-settings"),
+        ("ConfigMap", "healer-xid-catalog"),
     }
     for name, objects in rendered.items():
         kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
@@ -848,6 +850,49 @@ def test_rule_configmap_holds_the_rule_pack(rendered: dict[str, list[dict[str, A
     assert check.returncode == 0, check.stdout
 
 
+def _rendered_settings(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(
+        _one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"]
+    )
+    return data
+
+
+@pytest.mark.parametrize("render", RENDERS)
+def test_the_xid_catalog_is_shipped_mounted_and_read_by_default(
+    rendered: dict[str, list[dict[str, Any]]], render: str, tmp_path: Path
+) -> None:
+    """In a real install the default ladders find the catalog: an Xid 48 is a reset, 79 a reboot
+    (not class unknown, which would go straight to a ticket)."""
+    objects = rendered[render]
+    catalog = (REPO / "rules" / "catalog" / "xid-catalog.yaml").read_text(encoding="utf-8")
+    config_map = _one(objects, "ConfigMap", "healer-xid-catalog")
+    assert config_map["data"] == {"xid-catalog.yaml": catalog}, (
+        "the chart's Xid catalog is stale: run python deploy/scripts/sync_rules.py"
+    )
+    path = Path(_rendered_settings(objects)["repair"]["xid_catalog"])
+    container = _container(objects)
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["xid-catalog"]["mountPath"] == str(path.parent) and mounts["xid-catalog"]["readOnly"]
+    volumes = {v["name"]: v for v in _one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["xid-catalog"]["configMap"]["name"] == "healer-xid-catalog"
+    assert path.name in config_map["data"]
+    # What healer reads there: the catalog's classes.
+    local = tmp_path / path.name
+    local.write_text(config_map["data"][path.name], encoding="utf-8")
+    settings = load_settings(repair={"xid_catalog": str(local)})
+    found = xid_catalog_of(settings)
+    assert found is not None and found.classify(48) == "reset" and found.classify(79) == "reboot"
+
+
+def test_the_xid_catalog_setting_is_the_users_when_given(helm: str) -> None:
+    objects = documents(template(helm, *IMAGE, "--set", "settings.repair.xid_catalog=/site/xids.yaml").stdout)
+    assert _rendered_settings(objects)["repair"]["xid_catalog"] == "/site/xids.yaml"
+    off = documents(template(helm, *IMAGE, "--set", "rules.xidCatalog=false").stdout)
+    assert "xid_catalog" not in (_rendered_settings(off).get("repair") or {})
+    assert not any(o["metadata"]["name"] == "healer-xid-catalog" for o in off)
+    assert "xid-catalog" not in {m["name"] for m in _container(off)["volumeMounts"]}
+
+
 def test_dcgm_exporter_counters_configmap(rendered: dict[str, list[dict[str, Any]]]) -> None:
     config_map = _one(rendered["production"], "ConfigMap", "healer-dcgm-metrics")
     counters = (DEPLOY / "dcgm-exporter" / "counters-4.x.csv").read_text(encoding="utf-8")
@@ -901,6 +946,7 @@ def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
     assert settings["repair"] == {
         "actions": ["reset-gpu", "reboot"],
         "secret_file": "/etc/healer/secrets/repair-hmac",
+        "xid_catalog": "/etc/healer/catalog/xid-catalog.yaml",  # the chart's catalog (rules.xidCatalog)
     }
     deployment = _one(objects, "Deployment", "healer")
     sources = deployment["spec"]["template"]["spec"]["volumes"]

@@ -35,6 +35,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* Where the Secret files are mounted; providers' secret_file and callback_secret_file point here. */}}
 {{- define "healer.secretsDir" -}}/etc/healer/secrets{{- end -}}
 
+{{/* Where the Xid catalog ConfigMap (rules.xidCatalog) is mounted, and its file. */}}
+{{- define "healer.xidCatalogDir" -}}/etc/healer/catalog{{- end -}}
+{{- define "healer.xidCatalogPath" -}}{{ include "healer.xidCatalogDir" . }}/xid-catalog.yaml{{- end -}}
+
 {{/* The settings file (healer/config.py): values.settings merged under what the chart manages. */}}
 {{- define "healer.settings" -}}
 {{- $fullname := include "healer.fullname" . -}}
@@ -72,8 +76,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if (dig "validation" "enabled" false .Values.settings) -}}
 {{- $_ := set $managed "validation" (dict "namespace" .Release.Namespace) -}}
 {{- end -}}
+{{- $repair := dict -}}
 {{- if .Values.agent.enabled -}}
-{{- $_ := set $managed "repair" (dict "actions" .Values.agent.actions "secret_file" (printf "%s/repair-hmac" (include "healer.secretsDir" .))) -}}
+{{- $repair = dict "actions" .Values.agent.actions "secret_file" (printf "%s/repair-hmac" (include "healer.secretsDir" .)) -}}
+{{- end -}}
+{{- if and .Values.rules.xidCatalog (not (dig "repair" "xid_catalog" "" .Values.settings)) -}}
+{{- $_ := set $repair "xid_catalog" (include "healer.xidCatalogPath" .) -}}
+{{- end -}}
+{{- if $repair -}}
+{{- $_ := set $managed "repair" $repair -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite (deepCopy .Values.settings) $managed) -}}
 {{- end -}}
