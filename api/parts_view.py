@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from healer.store import parts
 from healer.store.models import Gpu, Node
+from healer.store.parts import PartRecord, StepOutcomes
 
 #: The most parts listed on the Parts page (repeat offenders first); the rest are in /api/v1/parts.
 MAX_PARTS_SHOWN = 200
@@ -38,10 +39,10 @@ class PartsPage:
     :data:`MAX_PARTS_SHOWN`), repair outcomes per step and provider, and failures per node."""
 
     days: int
-    parts: list[parts.PartRecord]
+    parts: list[PartRecord]
     total_parts: int
     repeat_count: int
-    steps: list[parts.StepOutcomes]
+    steps: list[StepOutcomes]
     nodes: list[NodeFailures]
 
 
@@ -64,7 +65,7 @@ def parts_page(session: Session, *, now: datetime, days: int) -> PartsPage:
     )
 
 
-def parts_failed_before(session: Session, node: str, *, now: datetime) -> list[parts.PartRecord]:
+def parts_failed_before(session: Session, node: str, *, now: datetime) -> list[PartRecord]:
     """Parts the node holds that failed before and were repaired, or failed again after a repair
     (repeat offenders first), over :data:`healer.store.parts.DEFAULT_WINDOW`."""
     book = parts.ledger(session, since=now - parts.DEFAULT_WINDOW)

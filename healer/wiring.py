@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
     from healer.actions.base import NodeActions
     from healer.actions.kubernetes import KubernetesNodeActions
-    from healer.actions.validation import ValidationJobs
+    from healer.actions.validation import Validator
     from healer.controller import Controller
     from healer.controller.gpu_isolation import GpuIsolationSync
     from healer.controller.quota_sync import QuotaSync
@@ -282,13 +282,19 @@ class Process:
     app: FastAPI
 
 
-def validation_jobs(settings: Settings, api_client: ApiClient) -> ValidationJobs | None:
-    """The validation Jobs adapter when ``validation.enabled`` and healer acts (not dry-run)."""
+def validation_jobs(settings: Settings, api_client: ApiClient, actions: NodeActions) -> Validator | None:
+    """The validation Jobs adapter when ``validation.enabled``; with ``safety.dry_run`` (``actions``
+    is then the dry-run recorder) it records the Jobs it would create and creates none."""
+    from healer.actions.dryrun import RecordingNodeActions
     from healer.actions.validation import ValidationJobs
+    from healer.actions.validation_dryrun import RecordedValidationJobs
 
-    if not settings.validation.enabled or settings.safety.dry_run:
+    if not settings.validation.enabled:
         return None
-    return ValidationJobs(api_client, settings.validation, settings.kubernetes)
+    jobs = ValidationJobs(api_client, settings.validation, settings.kubernetes)
+    if isinstance(actions, RecordingNodeActions):
+        return RecordedValidationJobs(jobs, actions)
+    return jobs
 
 
 def build_process(
@@ -336,7 +342,7 @@ def build_process(
         node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
-        validator=validation_jobs(settings, api_client),
+        validator=validation_jobs(settings, api_client, actions),
         quota_sync=quota_sync(settings, api_client, sessions, cluster),
         gpu_isolation=gpu_isolation(settings, api_client, sessions),
     )

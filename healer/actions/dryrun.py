@@ -7,6 +7,8 @@ Dry-run is this wiring choice, never an ``if`` in callers.
 
 Action kinds recorded: ``cordon``, ``taint``, ``condition``, ``event``, ``drain``, ``release``;
 ``detail`` holds the arguments (and for ``drain`` the pods a drain would evict, keep or refuse).
+Other dry-run adapters write through :meth:`RecordingNodeActions.record` (validation Jobs:
+:mod:`healer.actions.validation_dryrun`).
 
 Each record is its own short transaction on the given sessionmaker, committed at once, so the
 audit log holds it even if the caller's tick later rolls back. On SQLite, call the adapter while
@@ -74,7 +76,7 @@ class RecordingNodeActions:
         self.actor = actor
         self.clock = clock
 
-    def _record(
+    def record(
         self,
         kind: str,
         name: str,
@@ -83,6 +85,8 @@ class RecordingNodeActions:
         detail: dict[str, Any],
         incident_id: int | None = None,
     ) -> None:
+        """Write one ``dry_run`` action ``kind`` on node ``name`` (its open incident unless
+        ``incident_id``) with ``detail``, in its own committed transaction, and log it."""
         with transaction(self.sessions) as session:
             node = session.scalar(select(Node).where(Node.name == name))
             incident = session.get(Incident, incident_id) if incident_id is not None else None
@@ -122,7 +126,7 @@ class RecordingNodeActions:
         view = self._view(node)
         if change.cordon is not None:
             own = change.cordon
-            self._record(
+            self.record(
                 "cordon",
                 view.name,
                 now=own.at,
@@ -132,15 +136,15 @@ class RecordingNodeActions:
             view = replace(view, unschedulable=True)
         if change.taint is not None:
             value, effect = change.taint
-            self._record("taint", view.name, now=self.clock(), detail={"value": value, "effect": effect})
+            self.record("taint", view.name, now=self.clock(), detail={"value": value, "effect": effect})
         if change.release:
-            self._record("release", view.name, now=self.clock(), detail={})
+            self.record("release", view.name, now=self.clock(), detail={})
         return view
 
     def annotate(self, node: NodeRef, annotations: dict[str, str | None], *, what: str) -> NodeView:
         """Record ``what`` (e.g. ``repair-request``) with the annotations it would set."""
         view = self._view(node)
-        self._record(what, view.name, now=self.clock(), detail={"annotations": dict(annotations)})
+        self.record(what, view.name, now=self.clock(), detail={"annotations": dict(annotations)})
         return view
 
     def cordon(self, node: NodeRef, ownership: Ownership) -> NodeView:
@@ -156,7 +160,7 @@ class RecordingNodeActions:
     ) -> NodeView:
         """Record ``condition`` (healthy, reason, message)."""
         view = self._view(node)
-        self._record(
+        self.record(
             "condition", view.name, now=now, detail={"healthy": healthy, "reason": reason, "message": message}
         )
         return view
@@ -165,7 +169,7 @@ class RecordingNodeActions:
         self, node: NodeRef, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
     ) -> None:
         """Record ``event`` (reason, message, type)."""
-        self._record(
+        self.record(
             "event",
             node.name if isinstance(node, NodeView) else node,
             now=now or self.clock(),
@@ -182,7 +186,7 @@ class RecordingNodeActions:
         """
         name = node.name if isinstance(node, NodeView) else node
         report = self.reader.plan_drain(name, options=options, now=now)
-        self._record(
+        self.record(
             "drain",
             name,
             now=now,
@@ -206,5 +210,5 @@ class RecordingNodeActions:
     def release(self, node: NodeRef, *, now: datetime | None = None) -> NodeView:
         """Record ``release``."""
         view = self._view(node)
-        self._record("release", view.name, now=now or self.clock(), detail={})
+        self.record("release", view.name, now=now or self.clock(), detail={})
         return view

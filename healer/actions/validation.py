@@ -17,7 +17,7 @@ healer already has for drains.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client as k8s
 
@@ -28,6 +28,17 @@ from healer.model.node import NodeView
 from healer.model.validation import ValidationResult, judge
 
 log = logging.getLogger(__name__)
+
+
+class Validator(Protocol):
+    """What the controller runs validation Jobs through: :class:`ValidationJobs`, or in dry-run
+    :class:`healer.actions.validation_dryrun.RecordedValidationJobs`."""
+
+    def start(self, view: NodeView, job: str, incident: int) -> None: ...
+
+    def result(self, job: str) -> ValidationResult: ...
+
+    def delete(self, job: str) -> None: ...
 
 
 class ValidationJobs:
@@ -89,7 +100,9 @@ class ValidationJobs:
             with api_call(f"create validation job {job}"):
                 body = self.body(view, job, incident)
                 self.batch.create_namespaced_job(
-                    self.settings.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
+                    self.settings.namespace,
+                    body,  # type: ignore[arg-type]
+                    _request_timeout=self._timeout,
                 )
         except KubernetesConflict:
             log.info("validation job %s exists already", job)

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from healer.actions.base import NodeActions
-from healer.actions.validation import ValidationJobs
+from healer.actions.validation import Validator
 from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.errors import KubernetesError, KubernetesNotFound
@@ -67,7 +67,7 @@ def apply(
     drain: DrainPlan | None = None,
     check: Callable[[], None] = lambda: None,
     repair: RepairPublisher | None = None,
-    validator: ValidationJobs | None = None,
+    validator: Validator | None = None,
 ) -> Applied:
     """Run ``step``'s effects on the node ``view`` (as read this reconcile).
 
@@ -134,8 +134,12 @@ def apply(
                     annotations: dict[str, str | None] = {repair.key: request.signed(repair.secret)}
                     applied.view = actions.annotate(node, annotations, what="repair-request")
                     node = applied.view
-                    detail = {"action": request.action, "gpu": request.gpu, "nonce": request.nonce,
-                              "expires": request.expires}
+                    detail = {
+                        "action": request.action,
+                        "gpu": request.gpu,
+                        "nonce": request.nonce,
+                        "expires": request.expires,
+                    }
                     applied.done.append(Done("repair-request", detail, status))
                 case lc.StartValidation(job=job):
                     if validator is None:

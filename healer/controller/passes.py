@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
-from healer.actions.validation import ValidationJobs
+from healer.actions.validation import Validator
 from healer.config import Settings
 from healer.controller import fleet as fleet_facts
 from healer.controller import repair, sticky_values
@@ -73,7 +73,7 @@ def _reconciler(
     findings: TickFindings | None = None,
     recovery_hold_seconds: float | None = None,
     fence: Fence | None = None,
-    validator: ValidationJobs | None = None,
+    validator: Validator | None = None,
 ) -> Reconciler:
     """The pass's reconciler from (rules, actions, sessions, now, actor) and the settings."""
     rules, actions, sessions, now, actor = pass_inputs
@@ -139,7 +139,7 @@ def remediate(
     fence: Fence | None = None,
     coverage: Mapping[str, frozenset[str]] | None = None,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
-    validator: ValidationJobs | None = None,
+    validator: Validator | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
 

@@ -40,7 +40,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
-from healer.actions.validation import ValidationJobs
+from healer.actions.validation import Validator
 from healer.controller import sticky_values
 from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.fence import Fence
@@ -116,7 +116,7 @@ class Reconciler:
     pools: engine_pools.Pools | None = None
     repair: RepairPublisher | None = None
     xid_catalog: XidCatalog | None = None
-    validator: ValidationJobs | None = None
+    validator: Validator | None = None
 
     def __post_init__(self) -> None:
         self._removing = set(engine_pools.removing_rules(self.rules))

@@ -37,7 +37,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
-from healer.actions.validation import ValidationJobs
+from healer.actions.validation import Validator
 from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
@@ -141,7 +141,7 @@ class Controller:
     owned: Callable[[], list[NodeView]] = list
     #: The cluster's node and exporter pod addresses, for series without a node label; None = none.
     addresses: Callable[[], AddressBook] | None = None
-    validator: ValidationJobs | None = None  # validation Jobs (validation.enabled, not dry-run)
+    validator: Validator | None = None  # validation Jobs (validation.enabled; recorded only in dry-run)
     #: The Kueue quota sync (``kueue.enabled``), run by its own job; None: off.
     quota_sync: QuotaSync | None = None
     #: Takes single GPUs out for rules with ``quarantine: {scope: gpu}`` (each tick); None: off.
