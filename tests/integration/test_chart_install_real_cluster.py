@@ -75,6 +75,13 @@ def test_helm_install_runs_healer_under_its_service_account(
     assert container.image == "registry.example.com/healer:0.1.0"
     env = {e.name: e.value for e in container.env or []}
     assert env.get("HEALER_SAFETY__DRY_RUN") == "true"  # the documented first install changes nothing
+    # The Xid catalog the default ladders read is installed and mounted where the settings point.
+    catalog = core.read_namespaced_config_map(f"{release}-xid-catalog", namespace)
+    assert "class: reset" in (catalog.data or {})["xid-catalog.yaml"]
+    mounts = {m.name: m.mount_path for m in container.volume_mounts or []}
+    assert mounts["xid-catalog"] == "/etc/healer/catalog"
+    settings = core.read_namespaced_config_map(f"{release}-settings", namespace)
+    assert "xid_catalog: /etc/healer/catalog/xid-catalog.yaml" in (settings.data or {})["healer.yaml"]
 
     user = f"system:serviceaccount:{namespace}:{release}"
     assert _allowed(kube_admin, user, verb="create", resource="pods", sub="eviction", namespace="default")
