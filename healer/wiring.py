@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
     from healer.actions.base import NodeActions
+    from healer.actions.gpu_isolation import IsolationPort
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.actions.validation import ValidationJobs
     from healer.controller import Controller
@@ -229,14 +230,19 @@ def dashboard(
 
 
 def quota_sync(
-    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session], cluster: KubernetesNodeActions
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    cluster: KubernetesNodeActions,
+    isolation: IsolationPort | None = None,
 ) -> QuotaSync | None:
     """The Kueue quota sync when ``kueue.enabled`` (None otherwise); with ``safety.dry_run`` it
-    records the quota it would set and applies nothing."""
+    records the quota it would set and applies nothing. The GPUs ``isolation`` has out are not
+    healthy capacity."""
     if not settings.kueue.enabled:
         return None
     from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
-    from healer.controller.quota_sync import QuotaSync
+    from healer.controller.quota_sync import QuotaSync, count_out
 
     k = settings.kueue
     real = KueueQuotas(
@@ -252,6 +258,7 @@ def quota_sync(
         nodes=cluster.list_nodes,
         sessions=sessions,
         domain=settings.kubernetes.domain,
+        gpus_out=count_out(isolation) if isolation is not None else dict,
     )
 
 
@@ -322,6 +329,7 @@ def build_process(
     api_client = make_api_client(settings.kubernetes)
     cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)
     metrics = HealerMetrics()
+    isolating = gpu_isolation(settings, api_client, sessions)
     controller = Controller(
         settings=settings,
         session_factory=sessions,
@@ -337,8 +345,8 @@ def build_process(
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
         validator=validation_jobs(settings, api_client),
-        quota_sync=quota_sync(settings, api_client, sessions, cluster),
-        gpu_isolation=gpu_isolation(settings, api_client, sessions),
+        quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation),
+        gpu_isolation=isolating,
     )
     app = dashboard(
         settings,

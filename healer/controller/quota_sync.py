@@ -21,6 +21,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.actions.gpu_isolation import IsolationPort
 from healer.actions.kueue import QuotaPort
 from healer.config import KueueSettings
 from healer.controller.fence import Fence
@@ -39,12 +40,23 @@ log = logging.getLogger(__name__)
 ACTION_KIND = "kueue_quota"
 
 
+def count_out(isolation: IsolationPort) -> Callable[[], dict[str, int]]:
+    """node → how many GPUs ``isolation`` has out now (one read per call: DeviceTaintRules or the
+    nodes' ``gpus-out`` annotation, or in dry-run what healer would have out)."""
+
+    def count() -> dict[str, int]:
+        return {node: len(gpus) for node, gpus in isolation.current().items() if gpus}
+
+    return count
+
+
 @dataclass
 class QuotaSync:
     """One process's quota sync. Build it in :mod:`healer.wiring`; the controller calls :meth:`run`.
 
     ``nodes`` lists every node (``KubernetesNodeActions.list_nodes``); ``gpus_out`` gives node →
-    GPUs healer took out one by one (subtracted from capacity; none by default).
+    GPUs healer took out one by one (subtracted from capacity; none by default; the composition
+    root passes :func:`count_out` of the GPU isolation adapter). A failure of either ends the round.
     """
 
     settings: KueueSettings
@@ -65,12 +77,12 @@ class QuotaSync:
         fence = fence or Fence()
         try:
             views = self.nodes()
+            out = self.gpus_out()
         except KubernetesError as exc:
-            log.warning("kueue quota sync: cannot list nodes, nothing decided: %s", exc)
+            log.warning("kueue quota sync: cannot list nodes or GPUs out, nothing decided: %s", exc)
             return []
         with self.sessions() as session:
             states = {name: str(state) for name, state in session.execute(select(Node.name, Node.state))}
-        out = self.gpus_out()
         flavors = self.settings.flavor_models()
         capacity = {
             f.name: healthy_capacity(views, f, domain=self.domain, states=states, gpus_out=out)

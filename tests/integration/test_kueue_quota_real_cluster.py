@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,10 +20,11 @@ from kubernetes.client import ApiClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.actions.gpu_isolation import GpuIsolation
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
-from healer.config import KubernetesSettings, KueueSettings, load_settings
-from healer.controller.quota_sync import ACTION_KIND, QuotaSync
+from healer.config import GpuIsolationSettings, KubernetesSettings, KueueSettings, load_settings
+from healer.controller.quota_sync import ACTION_KIND, QuotaSync, count_out
 from healer.model.node import NodeEdit, Ownership
 from healer.store.models import Action
 from healer.store.session import make_engine, make_sessionmaker
@@ -145,7 +146,9 @@ def scene(
     return Scene(kube_healer_api, actions, sessions, fleet, custom)
 
 
-def sync(scene: Scene, *, dry_run: bool = False, **policy: Any) -> QuotaSync:
+def sync(
+    scene: Scene, *, dry_run: bool = False, gpus_out: Callable[[], dict[str, int]] = dict, **policy: Any
+) -> QuotaSync:
     kube_healer_api, actions, sessions, fleet = scene.api, scene.actions, scene.sessions, scene.fleet
     settings = KueueSettings(
         enabled=True,
@@ -160,6 +163,7 @@ def sync(scene: Scene, *, dry_run: bool = False, **policy: Any) -> QuotaSync:
         nodes=actions.list_nodes,
         sessions=sessions,
         domain="healer.dev",
+        gpus_out=gpus_out,
     )
 
 
@@ -219,6 +223,45 @@ def test_quota_drops_by_a_node_when_healer_quarantines_it_and_comes_back_when_it
         ("succeeded", 24, 16, 16),
         ("succeeded", 16, 24, 24),
     ]
+
+
+@pytest.mark.parametrize("mode", ["dra", "annotation"])
+def test_each_gpu_taken_out_lowers_the_quota_by_one_until_it_returns(scene: Scene, mode: str) -> None:
+    """A GPU out (DeviceTaintRule, or the node annotation) is not healthy capacity; the node itself
+    stays in service, so only that GPU leaves the quota, under the same hysteresis."""
+    fleet, custom = scene.fleet, scene.custom
+    isolation = GpuIsolation(scene.api, GpuIsolationSettings(mode=mode), domain="healer.dev")
+    job = sync(scene, gpus_out=count_out(isolation), hysteresis=2, lower_after_seconds=0)
+    first, second = fleet["nodes"][:2]
+    isolation.isolate(first, "3", "RowRemapFailed")
+    (within,) = job.run(T0)  # one GPU short, within the hysteresis of 2: left alone
+    assert (within.capacity, within.set_to) == (23, None) and gpu_quota(custom, fleet) == "24"
+    isolation.isolate(second, "5", "RowRemapFailed")
+    (lowered,) = job.run(T0 + timedelta(seconds=30))
+    assert (lowered.capacity, lowered.set_to) == (22, 22) and gpu_quota(custom, fleet) == "22"
+    isolation.restore(first, "3")
+    (raised,) = job.run(T0 + timedelta(seconds=60))  # raised at once
+    assert (raised.capacity, raised.set_to) == (23, 23) and gpu_quota(custom, fleet) == "23"
+    isolation.restore(second, "5")
+    job.run(T0 + timedelta(seconds=90))
+    assert gpu_quota(custom, fleet) == "24"
+    assert [(d["from"], d["to"]) for _, d in recorded(scene.sessions)] == [(24, 22), (22, 23), (23, 24)]
+
+
+def test_a_gpu_out_the_device_plugin_already_dropped_is_not_counted_twice(
+    kube: ControlPlane, scene: Scene
+) -> None:
+    fleet, custom = scene.fleet, scene.custom
+    isolation = GpuIsolation(scene.api, GpuIsolationSettings(mode="annotation"), domain="healer.dev")
+    job = sync(scene, gpus_out=count_out(isolation), lower_after_seconds=0)
+    bad = fleet["nodes"][0]
+    isolation.isolate(bad, "3", "RowRemapFailed")
+    with kube.admin_client() as api:  # a plugin honouring healer.dev/gpus-out: allocatable 7 of 8
+        core = k8s.CoreV1Api(api)
+        core.patch_node_status(bad, {"status": {"allocatable": {GPU: "7"}}})
+        wait_until(lambda: core.read_node(bad).status.allocatable[GPU] == "7", what="allocatable 7")
+    (decision,) = job.run(T0)
+    assert (decision.capacity, decision.set_to) == (23, 23) and gpu_quota(custom, fleet) == "23"
 
 
 def test_quota_never_goes_below_the_floor(scene: Scene) -> None:
@@ -302,6 +345,13 @@ def test_the_controller_built_by_healer_run_syncs_the_quota_once_it_leads(
         process.controller.kueue()
         assert gpu_quota(custom, fleet) == "24"  # not the leader: nothing applied
         process.controller.keep_lease()
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "16"
+        isolation = GpuIsolation(scene.api, GpuIsolationSettings(), domain="healer.dev")
+        isolation.isolate(fleet["nodes"][1], "2", "RowRemapFailed")  # one GPU out (DRA)
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "15"
+        isolation.restore(fleet["nodes"][1], "2")
         process.controller.kueue()
         assert gpu_quota(custom, fleet) == "16"
     finally:
