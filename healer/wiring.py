@@ -235,10 +235,11 @@ def quota_sync(
     sessions: sessionmaker[Session],
     cluster: KubernetesNodeActions,
     isolation: IsolationPort | None = None,
+    metrics: HealerMetrics | None = None,
 ) -> QuotaSync | None:
     """The Kueue quota sync when ``kueue.enabled`` (None otherwise); with ``safety.dry_run`` it
     records the quota it would set and applies nothing. The GPUs ``isolation`` has out are not
-    healthy capacity."""
+    healthy capacity; ``metrics`` shows each quota and capacity."""
     if not settings.kueue.enabled:
         return None
     from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
@@ -259,14 +260,21 @@ def quota_sync(
         sessions=sessions,
         domain=settings.kubernetes.domain,
         gpus_out=count_out(isolation) if isolation is not None else dict,
+        metrics=metrics,
     )
 
 
 def gpu_isolation(
-    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session]
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    *,
+    events: NodeActions | None = None,
+    metrics: HealerMetrics | None = None,
 ) -> GpuIsolationSync:
     """Single GPUs out for rules with ``quarantine: {scope: gpu}``: a DRA DeviceTaintRule or a node
-    annotation (``gpu_isolation``); with ``safety.dry_run`` it records what it would take out."""
+    annotation (``gpu_isolation``); with ``safety.dry_run`` it records what it would take out.
+    Each change is an Event on the node through ``events``, and ``metrics`` counts the GPUs out."""
     from healer.actions.gpu_isolation import DryRunGpuIsolation, GpuIsolation
     from healer.controller.gpu_isolation import GpuIsolationSync
 
@@ -277,7 +285,10 @@ def gpu_isolation(
         request_timeout=settings.kubernetes.request_timeout_seconds,
     )
     return GpuIsolationSync(
-        isolation=DryRunGpuIsolation(real) if settings.safety.dry_run else real, sessions=sessions
+        isolation=DryRunGpuIsolation(real) if settings.safety.dry_run else real,
+        sessions=sessions,
+        events=events,
+        metrics=metrics,
     )
 
 
@@ -329,7 +340,7 @@ def build_process(
     api_client = make_api_client(settings.kubernetes)
     cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)
     metrics = HealerMetrics()
-    isolating = gpu_isolation(settings, api_client, sessions)
+    isolating = gpu_isolation(settings, api_client, sessions, events=actions, metrics=metrics)
     controller = Controller(
         settings=settings,
         session_factory=sessions,
@@ -345,7 +356,7 @@ def build_process(
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
         validator=validation_jobs(settings, api_client),
-        quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation),
+        quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),
         gpu_isolation=isolating,
     )
     app = dashboard(

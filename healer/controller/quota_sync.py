@@ -27,6 +27,7 @@ from healer.config import KueueSettings
 from healer.controller.fence import Fence
 from healer.engine.quota import decide, healthy_capacity
 from healer.errors import KubernetesError
+from healer.metrics import HealerMetrics
 from healer.model.node import NodeView
 from healer.model.quota import QuotaDecision
 from healer.model.states import ActionStatus
@@ -66,6 +67,7 @@ class QuotaSync:
     domain: str
     actor: str = "healer"
     gpus_out: Callable[[], dict[str, int]] = dict
+    metrics: HealerMetrics | None = None
     below_since: dict[tuple[str, str], datetime] = field(default_factory=dict)
 
     def run(self, now: datetime, *, fence: Fence | None = None) -> list[QuotaDecision]:
@@ -123,6 +125,7 @@ class QuotaSync:
             decisions.append(decision)
         changes = {d.flavor: d.set_to for d in decisions if d.set_to is not None}
         if not changes:
+            self._observe(decisions, applied=False)
             return decisions
         fence.check()
         status, error = self.quotas.status, None
@@ -137,6 +140,7 @@ class QuotaSync:
         for d in decisions:
             if d.set_to is not None:
                 log.info("ClusterQueue %s flavor %s: %s", name, d.flavor, d.reason)
+        self._observe(decisions, applied=error is None)
         with transaction(self.sessions) as session:
             fence.check_db(session)
             for d in decisions:
@@ -161,3 +165,12 @@ class QuotaSync:
                     },
                 )
         return decisions
+
+    def _observe(self, decisions: list[QuotaDecision], *, applied: bool) -> None:
+        """The quota each decision leaves (set if ``applied``, else as read) and its capacity, on
+        ``/metrics``."""
+        if self.metrics is None:
+            return
+        for d in decisions:
+            quota = d.set_to if applied and d.set_to is not None else d.current
+            self.metrics.set_quota(d.cluster_queue, d.flavor, quota=quota, capacity=d.capacity)

@@ -6,6 +6,7 @@ ServiceAccount under the chart's ClusterRole. No Kueue controller runs: the quot
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,11 +26,13 @@ from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
 from healer.config import GpuIsolationSettings, KubernetesSettings, KueueSettings, load_settings
 from healer.controller.quota_sync import ACTION_KIND, QuotaSync, count_out
+from healer.metrics import HealerMetrics
 from healer.model.node import NodeEdit, Ownership
 from healer.store.models import Action
 from healer.store.session import make_engine, make_sessionmaker
 from healer.wiring import build_process
 from tests.conftest import FIXTURES
+from tests.integration.test_api_support import http_client
 from tests.kube_cluster import ControlPlane
 from tests.services import wait_until
 
@@ -147,7 +150,12 @@ def scene(
 
 
 def sync(
-    scene: Scene, *, dry_run: bool = False, gpus_out: Callable[[], dict[str, int]] = dict, **policy: Any
+    scene: Scene,
+    *,
+    dry_run: bool = False,
+    gpus_out: Callable[[], dict[str, int]] = dict,
+    metrics: HealerMetrics | None = None,
+    **policy: Any,
 ) -> QuotaSync:
     kube_healer_api, actions, sessions, fleet = scene.api, scene.actions, scene.sessions, scene.fleet
     settings = KueueSettings(
@@ -164,6 +172,7 @@ def sync(
         sessions=sessions,
         domain="healer.dev",
         gpus_out=gpus_out,
+        metrics=metrics,
     )
 
 
@@ -231,14 +240,19 @@ def test_each_gpu_taken_out_lowers_the_quota_by_one_until_it_returns(scene: Scen
     stays in service, so only that GPU leaves the quota, under the same hysteresis."""
     fleet, custom = scene.fleet, scene.custom
     isolation = GpuIsolation(scene.api, GpuIsolationSettings(mode=mode), domain="healer.dev")
-    job = sync(scene, gpus_out=count_out(isolation), hysteresis=2, lower_after_seconds=0)
+    metrics = HealerMetrics()
+    job = sync(scene, gpus_out=count_out(isolation), metrics=metrics, hysteresis=2, lower_after_seconds=0)
     first, second = fleet["nodes"][:2]
     isolation.isolate(first, "3", "RowRemapFailed")
     (within,) = job.run(T0)  # one GPU short, within the hysteresis of 2: left alone
     assert (within.capacity, within.set_to) == (23, None) and gpu_quota(custom, fleet) == "24"
+    labels = {"cluster_queue": fleet["queue"], "flavor": fleet["flavor"]}
+    assert metrics.registry.get_sample_value("healer_kueue_nominal_quota", labels) == 24
+    assert metrics.registry.get_sample_value("healer_kueue_healthy_capacity", labels) == 23
     isolation.isolate(second, "5", "RowRemapFailed")
     (lowered,) = job.run(T0 + timedelta(seconds=30))
     assert (lowered.capacity, lowered.set_to) == (22, 22) and gpu_quota(custom, fleet) == "22"
+    assert metrics.registry.get_sample_value("healer_kueue_nominal_quota", labels) == 22
     isolation.restore(first, "3")
     (raised,) = job.run(T0 + timedelta(seconds=60))  # raised at once
     assert (raised.capacity, raised.set_to) == (23, 23) and gpu_quota(custom, fleet) == "23"
@@ -351,6 +365,11 @@ def test_the_controller_built_by_healer_run_syncs_the_quota_once_it_leads(
         isolation.isolate(fleet["nodes"][1], "2", "RowRemapFailed")  # one GPU out (DRA)
         process.controller.kueue()
         assert gpu_quota(custom, fleet) == "15"
+        with http_client(process.app) as c:
+            samples = dict(re.findall(r"^(\S+) (\S+)$", c.get("/metrics").text, flags=re.M))
+        labels = f'{{cluster_queue="{fleet["queue"]}",flavor="{fleet["flavor"]}"}}'
+        assert samples[f"healer_kueue_nominal_quota{labels}"] == "15.0"
+        assert samples[f"healer_kueue_healthy_capacity{labels}"] == "15.0"
         isolation.restore(fleet["nodes"][1], "2")
         process.controller.kueue()
         assert gpu_quota(custom, fleet) == "16"
