@@ -26,6 +26,7 @@ from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
 from healer.config import GpuIsolationSettings, KubernetesSettings, KueueSettings, load_settings
 from healer.controller.quota_sync import ACTION_KIND, QuotaSync, count_out
+from healer.errors import KubernetesNotFound
 from healer.metrics import HealerMetrics
 from healer.model.node import NodeEdit, Ownership
 from healer.store.models import Action
@@ -375,3 +376,61 @@ def test_the_controller_built_by_healer_run_syncs_the_quota_once_it_leads(
         assert gpu_quota(custom, fleet) == "16"
     finally:
         process.controller.stop()
+
+
+def served_versions(api: ApiClient) -> set[str]:
+    """The versions of Kueue's group the API server's discovery lists now."""
+    groups = k8s.ApisApi(api).get_api_versions().groups or []
+    return {v.version for g in groups if g.name == GROUP for v in g.versions or []}
+
+
+@contextlib.contextmanager
+def serving_only_v1beta1(kube: ControlPlane) -> Iterator[None]:
+    """Kueue's CRD as an older Kueue serves it: ``v1beta1`` only (``v1beta2`` stays the storage
+    version, unserved), until the block ends; then both again. The control plane is this worker's
+    alone and its tests run one at a time, so the others never see the change."""
+    crd = yaml.safe_load((FIXTURES / "kueue-clusterqueue-crd.yaml").read_text())
+    index = next(i for i, v in enumerate(crd["spec"]["versions"]) if v["name"] == "v1beta2")
+    with kube.admin_client() as api:
+        ext = k8s.ApiextensionsV1Api(api)
+
+        def serve_v1beta2(served: bool) -> None:
+            patch = [{"op": "replace", "path": f"/spec/versions/{index}/served", "value": served}]
+            ext.patch_custom_resource_definition(crd["metadata"]["name"], patch)
+            want = {"v1beta1", "v1beta2"} if served else {"v1beta1"}
+            wait_until(
+                lambda: served_versions(api) == want, timeout=30, interval=0.2, what=f"Kueue serves {want}"
+            )
+
+        serve_v1beta2(False)
+        try:
+            yield
+        finally:
+            serve_v1beta2(True)
+
+
+def test_without_v1beta2_healer_falls_back_to_v1beta1_and_rediscovers_after_a_404(
+    kube: ControlPlane, scene: Scene
+) -> None:
+    """An older Kueue serves ``kueue.x-k8s.io/v1beta1`` only: healer reads and applies through it;
+    a client that discovered ``v1beta2`` before (Kueue downgraded under it) gets a 404 once, then
+    discovers again."""
+    actions, fleet, custom = scene.actions, scene.fleet, scene.custom
+    upgraded = KueueQuotas(scene.api)
+    assert upgraded.version() == "v1beta2"
+    with serving_only_v1beta1(kube):
+        assert KueueQuotas(scene.api).version() == "v1beta1"
+        with pytest.raises(KubernetesNotFound):
+            upgraded.read(fleet["queue"])
+        assert upgraded.read(fleet["queue"]).version == "v1beta1"
+
+        job = sync(scene, lower_after_seconds=0)
+        quarantine(actions, fleet["nodes"][0])
+        (lowered,) = job.run(T0)
+        assert lowered.set_to == 16
+        got = custom.get_cluster_custom_object(GROUP, "v1beta1", PLURAL, fleet["queue"])
+        (flavor,) = got["spec"]["resourceGroups"][0]["flavors"]
+        assert {r["name"]: r["nominalQuota"] for r in flavor["resources"]}[GPU] == "16"
+        applied = {m["manager"]: m["apiVersion"] for m in got["metadata"]["managedFields"]}
+        assert applied["healer-kueue"] == f"{GROUP}/v1beta1"
+    assert gpu_quota(custom, fleet) == "16"  # the same object, read through v1beta2 again
