@@ -92,6 +92,43 @@ class HealerMetrics:
             registry=self.registry,
         )
 
+        self.kueue_quota = Gauge(
+            "healer_kueue_nominal_quota",
+            "The nominalQuota (GPUs) of each managed ClusterQueue's flavor after healer's last sync: "
+            "the one it set, else the one it read (dry-run: the one it would set). Leader only.",
+            ["cluster_queue", "flavor"],
+            registry=self.registry,
+        )
+        self.kueue_capacity = Gauge(
+            "healer_kueue_healthy_capacity",
+            "The healthy capacity (GPUs) healer computed for each managed ClusterQueue's flavor at "
+            "its last sync: allocatable GPUs of Ready nodes it does not hold, minus GPUs out. "
+            "Leader only.",
+            ["cluster_queue", "flavor"],
+            registry=self.registry,
+        )
+        self.gpus_out = Gauge(
+            "healer_gpus_out",
+            "GPUs healer has taken out one by one (DeviceTaintRule or gpus-out annotation), per "
+            "node, after its last GPU isolation round (dry-run: those it would have out). Leader only.",
+            ["node"],
+            registry=self.registry,
+        )
+
+    def set_quota(self, cluster_queue: str, flavor: str, *, quota: int | None, capacity: int) -> None:
+        """Record a managed ClusterQueue flavor's quota (GPUs; None: it has none, not shown) and the
+        healthy capacity (GPUs) computed for it."""
+        if quota is not None:
+            self.kueue_quota.labels(cluster_queue=cluster_queue, flavor=flavor).set(quota)
+        self.kueue_capacity.labels(cluster_queue=cluster_queue, flavor=flavor).set(capacity)
+
+    def set_gpus_out(self, out: dict[str, int]) -> None:
+        """Record node → GPUs out now; nodes no longer in ``out`` are dropped."""
+        self.gpus_out.clear()
+        for node, count in out.items():
+            if count:
+                self.gpus_out.labels(node=node).set(count)
+
     def count_cleaned(self, rule: str, series: int) -> None:
         """Count ``series`` whose label values had to be cleaned before ``rule`` could record them
         (NUL, invalid text, overlong node names; see :mod:`healer.engine.labels`)."""

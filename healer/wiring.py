@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
     from healer.actions.base import NodeActions
+    from healer.actions.gpu_isolation import IsolationPort
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.actions.validation import Validator
     from healer.controller import Controller
@@ -229,14 +230,20 @@ def dashboard(
 
 
 def quota_sync(
-    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session], cluster: KubernetesNodeActions
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    cluster: KubernetesNodeActions,
+    isolation: IsolationPort | None = None,
+    metrics: HealerMetrics | None = None,
 ) -> QuotaSync | None:
     """The Kueue quota sync when ``kueue.enabled`` (None otherwise); with ``safety.dry_run`` it
-    records the quota it would set and applies nothing."""
+    records the quota it would set and applies nothing. The GPUs ``isolation`` has out are not
+    healthy capacity; ``metrics`` shows each quota and capacity."""
     if not settings.kueue.enabled:
         return None
     from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
-    from healer.controller.quota_sync import QuotaSync
+    from healer.controller.quota_sync import QuotaSync, count_out
 
     k = settings.kueue
     real = KueueQuotas(
@@ -252,14 +259,22 @@ def quota_sync(
         nodes=cluster.list_nodes,
         sessions=sessions,
         domain=settings.kubernetes.domain,
+        gpus_out=count_out(isolation) if isolation is not None else dict,
+        metrics=metrics,
     )
 
 
 def gpu_isolation(
-    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session]
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    *,
+    events: NodeActions | None = None,
+    metrics: HealerMetrics | None = None,
 ) -> GpuIsolationSync:
     """Single GPUs out for rules with ``quarantine: {scope: gpu}``: a DRA DeviceTaintRule or a node
-    annotation (``gpu_isolation``); with ``safety.dry_run`` it records what it would take out."""
+    annotation (``gpu_isolation``); with ``safety.dry_run`` it records what it would take out.
+    Each change is an Event on the node through ``events``, and ``metrics`` counts the GPUs out."""
     from healer.actions.gpu_isolation import DryRunGpuIsolation, GpuIsolation
     from healer.controller.gpu_isolation import GpuIsolationSync
 
@@ -270,7 +285,10 @@ def gpu_isolation(
         request_timeout=settings.kubernetes.request_timeout_seconds,
     )
     return GpuIsolationSync(
-        isolation=DryRunGpuIsolation(real) if settings.safety.dry_run else real, sessions=sessions
+        isolation=DryRunGpuIsolation(real) if settings.safety.dry_run else real,
+        sessions=sessions,
+        events=events,
+        metrics=metrics,
     )
 
 
@@ -328,6 +346,7 @@ def build_process(
     api_client = make_api_client(settings.kubernetes)
     cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)
     metrics = HealerMetrics()
+    isolating = gpu_isolation(settings, api_client, sessions, events=actions, metrics=metrics)
     controller = Controller(
         settings=settings,
         session_factory=sessions,
@@ -343,8 +362,8 @@ def build_process(
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
         validator=validation_jobs(settings, api_client, actions),
-        quota_sync=quota_sync(settings, api_client, sessions, cluster),
-        gpu_isolation=gpu_isolation(settings, api_client, sessions),
+        quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),
+        gpu_isolation=isolating,
     )
     app = dashboard(
         settings,

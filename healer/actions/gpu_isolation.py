@@ -56,6 +56,8 @@ class IsolationPort(Protocol):
 
     def mode(self) -> str: ...
 
+    def where(self, node: str, gpu: str) -> str: ...
+
     def current(self) -> GpusOut: ...
 
     def isolate(self, node: str, gpu: str, rule: str) -> None: ...
@@ -102,6 +104,12 @@ class GpuIsolation:
 
     def name(self, node: str, gpu: str) -> str:
         return f"healer-{node}-gpu-{gpu}"[:253]
+
+    def where(self, node: str, gpu: str) -> str:
+        """What marks GPU ``gpu`` of ``node`` out, for people: the DeviceTaintRule or the annotation."""
+        if self.mode() == "dra":
+            return f"DeviceTaintRule {self.name(node, gpu)}"
+        return f"node annotation {self.annotation}"
 
     def current(self) -> GpusOut:
         out: GpusOut = {}
@@ -193,6 +201,9 @@ class DryRunGpuIsolation:
 
     def mode(self) -> str:
         return self.real.mode()
+
+    def where(self, node: str, gpu: str) -> str:
+        return self.real.where(node, gpu)
 
     def current(self) -> GpusOut:
         return {node: dict(gpus) for node, gpus in self.would.items() if gpus}

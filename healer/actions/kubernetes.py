@@ -135,6 +135,7 @@ def node_view(node: k8s.V1Node) -> NodeView:
         condition_details=details,
         taint_added=added,
         gpus=_gpus(node),
+        gpu_capacity=_gpus(node, field="capacity"),
     )
 
 
@@ -148,13 +149,15 @@ def event_name(regarding: str) -> str:
     return regarding[: 253 - len(suffix)] + suffix
 
 
-def _gpus(node: k8s.V1Node) -> int | None:
-    """Allocatable ``nvidia.com/gpu`` (0 when the node reports allocatable without it)."""
-    allocatable = node.status.allocatable if node.status else None
-    if not allocatable:
+def _gpus(node: k8s.V1Node, *, field: str = "allocatable") -> int | None:
+    """``nvidia.com/gpu`` of the node's ``status.allocatable`` (or ``status.capacity``: the kubelet
+    counts a device the plugin reports unhealthy in capacity, not in allocatable); 0 when the node
+    reports the field without it, None when it reports no such field."""
+    resources = getattr(node.status, field) if node.status else None
+    if not resources:
         return None
     try:
-        return int(str(allocatable.get(GPU_RESOURCE, "0")))
+        return int(str(resources.get(GPU_RESOURCE, "0")))
     except ValueError:
         return None
 

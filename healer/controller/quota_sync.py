@@ -21,11 +21,13 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.actions.gpu_isolation import IsolationPort
 from healer.actions.kueue import QuotaPort
 from healer.config import KueueSettings
 from healer.controller.fence import Fence
 from healer.engine.quota import decide, healthy_capacity
 from healer.errors import KubernetesError
+from healer.metrics import HealerMetrics
 from healer.model.node import NodeView
 from healer.model.quota import QuotaDecision
 from healer.model.states import ActionStatus
@@ -39,12 +41,23 @@ log = logging.getLogger(__name__)
 ACTION_KIND = "kueue_quota"
 
 
+def count_out(isolation: IsolationPort) -> Callable[[], dict[str, int]]:
+    """node → how many GPUs ``isolation`` has out now (one read per call: DeviceTaintRules or the
+    nodes' ``gpus-out`` annotation, or in dry-run what healer would have out)."""
+
+    def count() -> dict[str, int]:
+        return {node: len(gpus) for node, gpus in isolation.current().items() if gpus}
+
+    return count
+
+
 @dataclass
 class QuotaSync:
     """One process's quota sync. Build it in :mod:`healer.wiring`; the controller calls :meth:`run`.
 
     ``nodes`` lists every node (``KubernetesNodeActions.list_nodes``); ``gpus_out`` gives node →
-    GPUs healer took out one by one (subtracted from capacity; none by default).
+    GPUs healer took out one by one (subtracted from capacity; none by default; the composition
+    root passes :func:`count_out` of the GPU isolation adapter). A failure of either ends the round.
     """
 
     settings: KueueSettings
@@ -54,6 +67,7 @@ class QuotaSync:
     domain: str
     actor: str = "healer"
     gpus_out: Callable[[], dict[str, int]] = dict
+    metrics: HealerMetrics | None = None
     below_since: dict[tuple[str, str], datetime] = field(default_factory=dict)
 
     def run(self, now: datetime, *, fence: Fence | None = None) -> list[QuotaDecision]:
@@ -65,12 +79,12 @@ class QuotaSync:
         fence = fence or Fence()
         try:
             views = self.nodes()
+            out = self.gpus_out()
         except KubernetesError as exc:
-            log.warning("kueue quota sync: cannot list nodes, nothing decided: %s", exc)
+            log.warning("kueue quota sync: cannot list nodes or GPUs out, nothing decided: %s", exc)
             return []
         with self.sessions() as session:
             states = {name: str(state) for name, state in session.execute(select(Node.name, Node.state))}
-        out = self.gpus_out()
         flavors = self.settings.flavor_models()
         capacity = {
             f.name: healthy_capacity(views, f, domain=self.domain, states=states, gpus_out=out)
@@ -111,6 +125,7 @@ class QuotaSync:
             decisions.append(decision)
         changes = {d.flavor: d.set_to for d in decisions if d.set_to is not None}
         if not changes:
+            self._observe(decisions, applied=False)
             return decisions
         fence.check()
         status, error = self.quotas.status, None
@@ -125,6 +140,7 @@ class QuotaSync:
         for d in decisions:
             if d.set_to is not None:
                 log.info("ClusterQueue %s flavor %s: %s", name, d.flavor, d.reason)
+        self._observe(decisions, applied=error is None)
         with transaction(self.sessions) as session:
             fence.check_db(session)
             for d in decisions:
@@ -149,3 +165,12 @@ class QuotaSync:
                     },
                 )
         return decisions
+
+    def _observe(self, decisions: list[QuotaDecision], *, applied: bool) -> None:
+        """The quota each decision leaves (set if ``applied``, else as read) and its capacity, on
+        ``/metrics``."""
+        if self.metrics is None:
+            return
+        for d in decisions:
+            quota = d.set_to if applied and d.set_to is not None else d.current
+            self.metrics.set_quota(d.cluster_queue, d.flavor, quota=quota, capacity=d.capacity)

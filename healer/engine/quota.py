@@ -4,7 +4,8 @@ The healthy capacity of a ResourceFlavor is the sum of allocatable GPUs (``nvidi
 the nodes carrying all the flavor's node labels that are ``Ready``, schedulable and not held by
 healer (quarantined, draining, awaiting repair, validating, blocked; or carrying healer's
 quarantine taint or ownership annotations), minus the GPUs healer took out one by one on nodes it
-keeps serving. The quota a ClusterQueue should have for that flavor is::
+keeps serving (one each; a GPU out that allocatable already misses, because a device plugin reports
+it unhealthy, is not subtracted twice). The quota a ClusterQueue should have for that flavor is::
 
     target = max(floor, capacity - headroom)
 
@@ -60,7 +61,9 @@ def healthy_capacity(
     gpus_out: Mapping[str, int] | None = None,
 ) -> int:
     """Allocatable GPUs (count) of the flavor's nodes that are Ready, schedulable and not held by
-    healer; ``gpus_out`` (node → GPUs healer took out one by one) is subtracted from their nodes."""
+    healer; ``gpus_out`` (node → GPUs healer took out one by one: a DRA DeviceTaintRule or the
+    ``gpus-out`` annotation) is subtracted from their nodes, one GPU each, save those allocatable
+    already misses (:func:`not_yet_missing`)."""
     states = states or {}
     gpus_out = gpus_out or {}
     total = 0
@@ -71,8 +74,17 @@ def healthy_capacity(
             continue
         if held_by_healer(view, domain=domain, state=states.get(view.name)):
             continue
-        total += max(0, view.gpus - gpus_out.get(view.name, 0))
+        total += max(0, view.gpus - not_yet_missing(view, gpus_out.get(view.name, 0)))
     return total
+
+
+def not_yet_missing(view: NodeView, out: int) -> int:
+    """Of the ``out`` GPUs healer took out of ``view`` one by one, those still counted in its
+    allocatable: each lowers the capacity by one, except where allocatable already misses GPUs
+    (``capacity - allocatable``: a device plugin honouring ``gpus-out`` reports them unhealthy,
+    and the kubelet drops them from allocatable only), so a GPU out is never subtracted twice."""
+    missing = max(0, view.gpu_capacity - (view.gpus or 0)) if view.gpu_capacity is not None else 0
+    return max(0, out - missing)
 
 
 def target(capacity: int, policy: QuotaPolicy) -> int:

@@ -39,6 +39,7 @@ class NodeView:
     condition_details: dict[str, Condition] = field(default_factory=dict)
     taint_added: dict[tuple[str, str], str] = field(default_factory=dict)  # (key, effect) -> timeAdded
     gpus: int | None = None  # allocatable nvidia.com/gpu; None = not known
+    gpu_capacity: int | None = None  # capacity nvidia.com/gpu (unhealthy devices too); None = not known
 
 
 #: The pool of nodes with no pool label that have no GPU (kept apart from GPU nodes, so CPU nodes

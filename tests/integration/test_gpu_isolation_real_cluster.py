@@ -7,8 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,6 +20,7 @@ from healer.config import GpuIsolationSettings, KubernetesSettings, SafetySettin
 from healer.controller import remediate
 from healer.controller.gpu_isolation import GpuIsolationSync
 from healer.engine.gpu_scope import for_nodes
+from healer.metrics import HealerMetrics
 from healer.model.findings import Finding, TickFindings
 from healer.model.states import FindingState
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
@@ -175,3 +178,69 @@ def test_dry_run_records_the_gpu_it_would_take_out_once(
             (a.kind, a.status, a.detail) for a in s.scalars(select(Action).where(Action.kind.like("gpu_%")))
         ]
     assert rows == [("gpu_isolate", "dry_run", {"gpu": "2", "rule": "RowRemapFailed", "how": "dra"})]
+
+
+def node_events(kube_admin: ApiClient, node: str) -> list[tuple[str, str, str]]:
+    """(reason, type, message) of the Events on ``node``, as ``kubectl describe node`` lists them."""
+    selector = f"involvedObject.kind=Node,involvedObject.name={node}"
+    events = k8s.CoreV1Api(kube_admin).list_namespaced_event("default", field_selector=selector).items
+    return [(e.reason, e.type, e.message) for e in sorted(events, key=lambda e: e.event_time)]
+
+
+def gpus_out_metric(metrics: HealerMetrics) -> dict[str, float]:
+    """node → ``healer_gpus_out`` in the /metrics text."""
+    text = metrics.exposition().decode()
+    return {
+        sample.labels["node"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "healer_gpus_out"
+        for sample in family.samples
+    }
+
+
+@pytest.fixture
+def fresh_node(kube: ControlPlane) -> str:
+    """A new 8-GPU KWOK node's name."""
+    node = unique("gpu-event")
+    kube.add_nodes([node])
+    return node
+
+
+def test_a_gpu_out_and_back_is_an_event_on_the_node_and_counted_on_metrics(
+    fresh_node: str,
+    kube_admin: ApiClient,
+    kube_healer_api: ApiClient,
+    actions: KubernetesNodeActions,
+    sessions: sessionmaker[Session],
+) -> None:
+    node = fresh_node
+    metrics = HealerMetrics()
+    isolation = GpuIsolation(kube_healer_api, GpuIsolationSettings(), domain="healer.dev")
+    job = GpuIsolationSync(isolation=isolation, sessions=sessions, events=actions, metrics=metrics)
+
+    job.run(remap(node, "3"), RULES, T0)
+    rule_name = f"healer-{node}-gpu-3"
+    assert node_events(kube_admin, node) == [
+        (
+            "GpuTakenOut",
+            "Warning",
+            f"GPU 3 taken out of service by healer (rule RowRemapFailed): DeviceTaintRule {rule_name}; "
+            "the node keeps serving with its other GPUs",
+        )
+    ]
+    assert gpus_out_metric(metrics).get(node) == 1.0
+    job.run(remap(node, "3", "5"), RULES, T0 + timedelta(seconds=30))
+    assert gpus_out_metric(metrics).get(node) == 2.0
+
+    job.run(remap(node), RULES, T0 + timedelta(minutes=5))
+    seen = node_events(kube_admin, node)
+    assert [(r, t) for r, t, _ in seen] == [
+        ("GpuTakenOut", "Warning"),
+        ("GpuTakenOut", "Warning"),
+        ("GpuReturned", "Normal"),
+        ("GpuReturned", "Normal"),
+    ]
+    assert f"GPU 3 back in service (rule RowRemapFailed): DeviceTaintRule {rule_name} removed" in {
+        m for _, _, m in seen
+    }
+    assert node not in gpus_out_metric(metrics)

@@ -6,8 +6,9 @@ ServiceAccount under the chart's ClusterRole. No Kueue controller runs: the quot
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,15 +21,19 @@ from kubernetes.client import ApiClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.actions.gpu_isolation import GpuIsolation
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.kueue import DryRunKueueQuotas, KueueQuotas
-from healer.config import KubernetesSettings, KueueSettings, load_settings
-from healer.controller.quota_sync import ACTION_KIND, QuotaSync
+from healer.config import GpuIsolationSettings, KubernetesSettings, KueueSettings, load_settings
+from healer.controller.quota_sync import ACTION_KIND, QuotaSync, count_out
+from healer.errors import KubernetesNotFound
+from healer.metrics import HealerMetrics
 from healer.model.node import NodeEdit, Ownership
 from healer.store.models import Action
 from healer.store.session import make_engine, make_sessionmaker
 from healer.wiring import build_process
 from tests.conftest import FIXTURES
+from tests.integration.test_api_support import http_client
 from tests.kube_cluster import ControlPlane
 from tests.services import wait_until
 
@@ -145,7 +150,14 @@ def scene(
     return Scene(kube_healer_api, actions, sessions, fleet, custom)
 
 
-def sync(scene: Scene, *, dry_run: bool = False, **policy: Any) -> QuotaSync:
+def sync(
+    scene: Scene,
+    *,
+    dry_run: bool = False,
+    gpus_out: Callable[[], dict[str, int]] = dict,
+    metrics: HealerMetrics | None = None,
+    **policy: Any,
+) -> QuotaSync:
     kube_healer_api, actions, sessions, fleet = scene.api, scene.actions, scene.sessions, scene.fleet
     settings = KueueSettings(
         enabled=True,
@@ -160,6 +172,8 @@ def sync(scene: Scene, *, dry_run: bool = False, **policy: Any) -> QuotaSync:
         nodes=actions.list_nodes,
         sessions=sessions,
         domain="healer.dev",
+        gpus_out=gpus_out,
+        metrics=metrics,
     )
 
 
@@ -219,6 +233,50 @@ def test_quota_drops_by_a_node_when_healer_quarantines_it_and_comes_back_when_it
         ("succeeded", 24, 16, 16),
         ("succeeded", 16, 24, 24),
     ]
+
+
+@pytest.mark.parametrize("mode", ["dra", "annotation"])
+def test_each_gpu_taken_out_lowers_the_quota_by_one_until_it_returns(scene: Scene, mode: str) -> None:
+    """A GPU out (DeviceTaintRule, or the node annotation) is not healthy capacity; the node itself
+    stays in service, so only that GPU leaves the quota, under the same hysteresis."""
+    fleet, custom = scene.fleet, scene.custom
+    isolation = GpuIsolation(scene.api, GpuIsolationSettings(mode=mode), domain="healer.dev")
+    metrics = HealerMetrics()
+    job = sync(scene, gpus_out=count_out(isolation), metrics=metrics, hysteresis=2, lower_after_seconds=0)
+    first, second = fleet["nodes"][:2]
+    isolation.isolate(first, "3", "RowRemapFailed")
+    (within,) = job.run(T0)  # one GPU short, within the hysteresis of 2: left alone
+    assert (within.capacity, within.set_to) == (23, None) and gpu_quota(custom, fleet) == "24"
+    labels = {"cluster_queue": fleet["queue"], "flavor": fleet["flavor"]}
+    assert metrics.registry.get_sample_value("healer_kueue_nominal_quota", labels) == 24
+    assert metrics.registry.get_sample_value("healer_kueue_healthy_capacity", labels) == 23
+    isolation.isolate(second, "5", "RowRemapFailed")
+    (lowered,) = job.run(T0 + timedelta(seconds=30))
+    assert (lowered.capacity, lowered.set_to) == (22, 22) and gpu_quota(custom, fleet) == "22"
+    assert metrics.registry.get_sample_value("healer_kueue_nominal_quota", labels) == 22
+    isolation.restore(first, "3")
+    (raised,) = job.run(T0 + timedelta(seconds=60))  # raised at once
+    assert (raised.capacity, raised.set_to) == (23, 23) and gpu_quota(custom, fleet) == "23"
+    isolation.restore(second, "5")
+    job.run(T0 + timedelta(seconds=90))
+    assert gpu_quota(custom, fleet) == "24"
+    assert [(d["from"], d["to"]) for _, d in recorded(scene.sessions)] == [(24, 22), (22, 23), (23, 24)]
+
+
+def test_a_gpu_out_the_device_plugin_already_dropped_is_not_counted_twice(
+    kube: ControlPlane, scene: Scene
+) -> None:
+    fleet, custom = scene.fleet, scene.custom
+    isolation = GpuIsolation(scene.api, GpuIsolationSettings(mode="annotation"), domain="healer.dev")
+    job = sync(scene, gpus_out=count_out(isolation), lower_after_seconds=0)
+    bad = fleet["nodes"][0]
+    isolation.isolate(bad, "3", "RowRemapFailed")
+    with kube.admin_client() as api:  # a plugin honouring healer.dev/gpus-out: allocatable 7 of 8
+        core = k8s.CoreV1Api(api)
+        core.patch_node_status(bad, {"status": {"allocatable": {GPU: "7"}}})
+        wait_until(lambda: core.read_node(bad).status.allocatable[GPU] == "7", what="allocatable 7")
+    (decision,) = job.run(T0)
+    assert (decision.capacity, decision.set_to) == (23, 23) and gpu_quota(custom, fleet) == "23"
 
 
 def test_quota_never_goes_below_the_floor(scene: Scene) -> None:
@@ -304,5 +362,75 @@ def test_the_controller_built_by_healer_run_syncs_the_quota_once_it_leads(
         process.controller.keep_lease()
         process.controller.kueue()
         assert gpu_quota(custom, fleet) == "16"
+        isolation = GpuIsolation(scene.api, GpuIsolationSettings(), domain="healer.dev")
+        isolation.isolate(fleet["nodes"][1], "2", "RowRemapFailed")  # one GPU out (DRA)
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "15"
+        with http_client(process.app) as c:
+            samples = dict(re.findall(r"^(\S+) (\S+)$", c.get("/metrics").text, flags=re.M))
+        labels = f'{{cluster_queue="{fleet["queue"]}",flavor="{fleet["flavor"]}"}}'
+        assert samples[f"healer_kueue_nominal_quota{labels}"] == "15.0"
+        assert samples[f"healer_kueue_healthy_capacity{labels}"] == "15.0"
+        isolation.restore(fleet["nodes"][1], "2")
+        process.controller.kueue()
+        assert gpu_quota(custom, fleet) == "16"
     finally:
         process.controller.stop()
+
+
+def served_versions(api: ApiClient) -> set[str]:
+    """The versions of Kueue's group the API server's discovery lists now."""
+    groups = k8s.ApisApi(api).get_api_versions().groups or []
+    return {v.version for g in groups if g.name == GROUP for v in g.versions or []}
+
+
+@contextlib.contextmanager
+def serving_only_v1beta1(kube: ControlPlane) -> Iterator[None]:
+    """Kueue's CRD as an older Kueue serves it: ``v1beta1`` only (``v1beta2`` stays the storage
+    version, unserved), until the block ends; then both again. The control plane is this worker's
+    alone and its tests run one at a time, so the others never see the change."""
+    crd = yaml.safe_load((FIXTURES / "kueue-clusterqueue-crd.yaml").read_text())
+    index = next(i for i, v in enumerate(crd["spec"]["versions"]) if v["name"] == "v1beta2")
+    with kube.admin_client() as api:
+        ext = k8s.ApiextensionsV1Api(api)
+
+        def serve_v1beta2(served: bool) -> None:
+            patch = [{"op": "replace", "path": f"/spec/versions/{index}/served", "value": served}]
+            ext.patch_custom_resource_definition(crd["metadata"]["name"], patch)
+            want = {"v1beta1", "v1beta2"} if served else {"v1beta1"}
+            wait_until(
+                lambda: served_versions(api) == want, timeout=30, interval=0.2, what=f"Kueue serves {want}"
+            )
+
+        serve_v1beta2(False)
+        try:
+            yield
+        finally:
+            serve_v1beta2(True)
+
+
+def test_without_v1beta2_healer_falls_back_to_v1beta1_and_rediscovers_after_a_404(
+    kube: ControlPlane, scene: Scene
+) -> None:
+    """An older Kueue serves ``kueue.x-k8s.io/v1beta1`` only: healer reads and applies through it;
+    a client that discovered ``v1beta2`` before (Kueue downgraded under it) gets a 404 once, then
+    discovers again."""
+    actions, fleet, custom = scene.actions, scene.fleet, scene.custom
+    upgraded = KueueQuotas(scene.api)
+    assert upgraded.version() == "v1beta2"
+    with serving_only_v1beta1(kube):
+        assert KueueQuotas(scene.api).version() == "v1beta1"
+        with pytest.raises(KubernetesNotFound):
+            upgraded.read(fleet["queue"])
+        assert upgraded.read(fleet["queue"]).version == "v1beta1"
+
+        job = sync(scene, lower_after_seconds=0)
+        quarantine(actions, fleet["nodes"][0])
+        (lowered,) = job.run(T0)
+        assert lowered.set_to == 16
+        got = custom.get_cluster_custom_object(GROUP, "v1beta1", PLURAL, fleet["queue"])
+        (flavor,) = got["spec"]["resourceGroups"][0]["flavors"]
+        assert {r["name"]: r["nominalQuota"] for r in flavor["resources"]}[GPU] == "16"
+        applied = {m["manager"]: m["apiVersion"] for m in got["metadata"]["managedFields"]}
+        assert applied["healer-kueue"] == f"{GROUP}/v1beta1"
+    assert gpu_quota(custom, fleet) == "16"  # the same object, read through v1beta2 again

@@ -44,6 +44,19 @@ def test_capacity_counts_ready_schedulable_nodes_healer_does_not_hold() -> None:
     assert healthy_capacity(nodes, Flavor("any"), domain="healer.dev") == 28  # a, f (no states), g, h
 
 
+def test_each_gpu_out_lowers_capacity_by_one_unless_allocatable_already_misses_it() -> None:
+    dra = node("a", gpu_capacity=8)  # a DeviceTaintRule leaves allocatable as it is
+    honoured = node("b", gpus=7, gpu_capacity=8)  # a plugin honouring gpus-out dropped one GPU
+    fell_off = node("c", gpus=7, gpu_capacity=8)  # one GPU unhealthy, two others out
+    unknown = node("d")  # no capacity reported: every GPU out counts
+    out = {"a": 2, "b": 1, "c": 3, "d": 1, "elsewhere": 4}
+    assert healthy_capacity([dra], H100, domain="healer.dev", gpus_out=out) == 6
+    assert healthy_capacity([honoured], H100, domain="healer.dev", gpus_out=out) == 7
+    assert healthy_capacity([fell_off], H100, domain="healer.dev", gpus_out=out) == 5
+    assert healthy_capacity([unknown], H100, domain="healer.dev", gpus_out=out) == 7
+    assert healthy_capacity([node("e", gpu_capacity=8)], H100, domain="healer.dev", gpus_out={"e": 9}) == 0
+
+
 @pytest.mark.parametrize(
     ("capacity", "headroom", "floor", "expected"),
     [(24, 0, 0, 24), (24, 8, 0, 16), (8, 0, 12, 12), (0, 8, 0, 0), (4, 8, 2, 2)],
