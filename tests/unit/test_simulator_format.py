@@ -193,21 +193,6 @@ def test_targets_list_every_node_and_exporter_with_its_path() -> None:
     assert len({(g["labels"]["job"], g["labels"]["instance"]) for g in groups}) == 10
 
 
-def test_render_is_fast_enough_for_2048_nodes() -> None:
-    import time
-
-    fleet = Fleet(FleetConfig(nodes=64))
-    for node in fleet.node_names:  # build the templates
-        fleet.render_dcgm(node, 0.0)
-    start = time.perf_counter()
-    for node in fleet.node_names:
-        fleet.render_dcgm(node, 1.0)
-        fleet.render_node(node, 1.0)
-    per_node = (time.perf_counter() - start) / 64
-    # 2,048 nodes every 30 s must fit easily in one core: < 5 ms per node is a 30x margin.
-    assert per_node < 0.005, per_node
-
-
 def _series_labels(text: str, family: str) -> list[list[str]]:
     """Label names of each ``family`` line, in printed order (raw text, not a parser's dict)."""
     out = []
