@@ -23,10 +23,10 @@ from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding, TickFindings
 from healer.model.node import DEFAULT_POOL, NodeView, OwnershipKeys, pool_of
 from healer.model.repair import RepairResult, result_key
-from healer.model.states import NodeState, TicketStatus
+from healer.model.states import FindingState, NodeState, TicketStatus
 from healer.ruleset.schema import DrainAction, LadderStep
 from healer.store import nodes as repo
-from healer.store.evaluations import finding_from_row
+from healer.store.evaluations import finding_from_row, open_findings
 from healer.store.models import Action, Incident, Node, Ticket, Transition
 from healer.store.models import Finding as FindingRow
 
@@ -118,8 +118,12 @@ def observe(
         repo.attach_findings(session, node, incident)
     firing: tuple[Finding, ...] = ()
     pending: tuple[Finding, ...] = ()
+    recorded: tuple[Finding, ...] = ()
     if findings is not None:
         firing, pending = sticky_values.current(session, node, incident, findings, sticky_rules)
+    elif node.state == NodeState.DRAINING:  # the drain pass: a ladder starts on the recorded ones
+        rows = open_findings(session, node=node.name)
+        recorded = tuple(f for f in map(finding_from_row, rows) if f.state == FindingState.FIRING)
     facts = lc.NodeFacts(
         name=node.name,
         state=NodeState(node.state),
@@ -136,8 +140,11 @@ def observe(
         owned=labels.owned(view),
         repair_result=RepairResult.parse(view.annotations.get(result_key(labels.domain))) if view else None,
         repeat_parts=(
-            _repeat_parts(session, node, incident, firing, now) if _ladder_may_start(node) else frozenset()
+            _repeat_parts(session, node, incident, firing or recorded, now)
+            if _ladder_may_start(node)
+            else frozenset()
         ),
+        recorded_firing=recorded,
     )
     return Observation(node=node, incident=incident, facts=facts)
 

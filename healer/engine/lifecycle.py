@@ -265,6 +265,9 @@ class NodeFacts:
     repair_result: RepairResult | None = None  # the node agent's last answer (node annotation)
     repeat_parts: frozenset[str] = frozenset()  # GPU UUIDs that failed before after a repair
     validation: ValidationResult | None = None  # the incident's validation Job as read this tick
+    #: The node's firing findings as last recorded, when this pass has no tick findings (the drain
+    #: pass): what a ladder started there is chosen by (class, GPU), never what it acts on.
+    recorded_firing: tuple[Finding, ...] = ()
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -562,8 +565,12 @@ def _acting_rule(facts: NodeFacts, ctx: Context) -> Rule | None:
 # --- the remediation ladder (healer.engine.ladder) -------------------------------------------------
 
 
-def _rule_findings(facts: NodeFacts, rule: Rule) -> list[Finding]:
-    return [f for f in facts.firing if f.rule == rule.name]
+def _rule_findings(facts: NodeFacts, rule: Rule | str | None) -> list[Finding]:
+    """``rule``'s findings this tick, else as last recorded (a ladder started by the drain pass)."""
+    name = rule.name if isinstance(rule, Rule) else rule
+    return [f for f in facts.firing if f.rule == name] or [
+        f for f in facts.recorded_firing if f.rule == name
+    ]
 
 
 def _start_ladder(facts: NodeFacts, ctx: Context, rule: Rule, *, reason: str, row: str) -> Step | None:
@@ -583,8 +590,8 @@ def _start_ladder(facts: NodeFacts, ctx: Context, rule: Rule, *, reason: str, ro
 
 
 def _gpu_of(facts: NodeFacts, rule_name: str | None) -> str | None:
-    for finding in facts.firing:
-        if finding.rule == rule_name and finding.gpu:
+    for finding in _rule_findings(facts, rule_name):
+        if finding.gpu:
             return finding.gpu
     return None
 

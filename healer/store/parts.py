@@ -126,6 +126,8 @@ def ledger(session: Session, *, since: datetime) -> Ledger:
         node_failures[node].append(at)
         for kind, part_id, serial in _parts_of(evidence, node):
             record = parts.setdefault((kind, part_id), PartRecord(kind, part_id, serial))
+            if any(i == incident_id for _, _, i in record.failures):
+                continue  # one failure per part per incident (two rules on one GPU are one failure)
             if any(repaired_at.get(i) is not None and repaired_at[i] <= at for _, _, i in record.failures):
                 record.repeat = True
             record.failures.append((at, node, incident_id))

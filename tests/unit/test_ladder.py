@@ -297,3 +297,17 @@ def test_validation_result_from_exit_code_and_json_line(
     from healer.model.validation import judge
 
     assert judge(phase, code, message, nccl_min_busbw_gbps=100.0).status == status
+
+
+def test_a_ladder_started_by_the_drain_pass_is_chosen_by_the_recorded_findings() -> None:
+    """The drain pass has no tick findings: the ladder of a drained Xid 79 node is still the
+    reboot class's (from the findings as last recorded), not a bare ticket for class unknown."""
+    facts = replace(drained(()), recorded_firing=(xid(79),))
+    step = lc.decide(facts, CTX)
+    assert step is not None and step.row == "drained"
+    assert step.evidence and step.evidence["ladder"]["steps"] == "reboot (30m) → ticket (7d)"  # type: ignore[index]
+    assert "class reboot" in step.reason
+    reset = lc.decide(replace(drained(()), recorded_firing=(xid(48),)), CTX)
+    assert reset is not None
+    repair = next(e for e in reset.effects if isinstance(e, lc.RequestRepair))
+    assert (repair.action, repair.gpu) == ("reset-gpu", "3")  # the GPU named by the recorded finding
