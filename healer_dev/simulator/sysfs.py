@@ -152,17 +152,19 @@ class SysfsFeeder:
         self.interval = interval
         self.traffic_every = traffic_every
         self._ticks = 0
+        self._lock = threading.Lock()  # the feeder thread and a caller's write_all never interleave
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def write_all(self) -> None:
         """Bring every tree to the clock's time now (traffic counters every ``traffic_every`` calls:
         they are most of the writes, and no rule reads them)."""
-        t = self.clock()
-        traffic = self._ticks % self.traffic_every == 0
-        self._ticks += 1
-        for tree in self.trees:
-            tree.write(t, traffic=traffic)
+        with self._lock:
+            t = self.clock()
+            traffic = self._ticks % self.traffic_every == 0
+            self._ticks += 1
+            for tree in self.trees:
+                tree.write(t, traffic=traffic)
 
     def start(self) -> SysfsFeeder:
         """Write once, then keep writing in a daemon thread; returns self."""

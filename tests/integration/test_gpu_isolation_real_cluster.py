@@ -181,10 +181,12 @@ def test_dry_run_records_the_gpu_it_would_take_out_once(
 
 
 def node_events(kube_admin: ApiClient, node: str) -> list[tuple[str, str, str]]:
-    """(reason, type, message) of the Events on ``node``, as ``kubectl describe node`` lists them."""
+    """(reason, type, message) of healer's Events on ``node``, as ``kubectl describe node`` lists
+    them (the node lifecycle controller's own, e.g. ``RegisteredNode``, left out)."""
     selector = f"involvedObject.kind=Node,involvedObject.name={node}"
     events = k8s.CoreV1Api(kube_admin).list_namespaced_event("default", field_selector=selector).items
-    return [(e.reason, e.type, e.message) for e in sorted(events, key=lambda e: e.event_time)]
+    healers = [e for e in events if (e.reporting_component or "").endswith("/healer")]
+    return [(e.reason, e.type, e.message) for e in sorted(healers, key=lambda e: e.event_time)]
 
 
 def gpus_out_metric(metrics: HealerMetrics) -> dict[str, float]:
