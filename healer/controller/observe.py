@@ -113,7 +113,7 @@ def observe(
         node.pool = labels.pool(view)
     incident = repo.open_incident(session, node)
     if incident is None and node.state not in (NodeState.HEALTHY, NodeState.UNKNOWN):
-        incident = repo.ensure_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
+        incident = repo.new_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
     if incident is not None:
         repo.attach_findings(session, node, incident)
     firing: tuple[Finding, ...] = ()

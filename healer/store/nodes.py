@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from healer.errors import StaleState
 from healer.model.states import NodeState
@@ -50,9 +51,16 @@ def ensure_incident(session: Session, node: Node, *, now: datetime, summary: str
     """The node's open incident, opened now if there is none."""
     incident = open_incident(session, node)
     if incident is None:
-        incident = Incident(node_id=node.id, opened_at=now, summary=summary)
-        session.add(incident)
-        session.flush()
+        incident = new_incident(session, node, now=now, summary=summary)
+    return incident
+
+
+def new_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
+    """Open an incident for ``node``, whose open incident the caller has just read as none (saves
+    :func:`ensure_incident`'s second SELECT; a concurrent one violates the partial unique index)."""
+    incident = Incident(node_id=node.id, opened_at=now, summary=summary)
+    session.add(incident)
+    session.flush()
     return incident
 
 
@@ -96,11 +104,10 @@ def transition(
         )
         if getattr(moved, "rowcount", 1) != 1:
             raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
-        node.state = str(expect)  # the in-memory row as the UPDATE found it, moved below
     row = Transition(
         node_id=node.id,
         incident_id=incident.id if incident else None,
-        from_state=node.state,
+        from_state=str(expect) if expect is not None else node.state,
         to_state=str(to_state),
         actor=actor,
         reason=reason,
@@ -109,9 +116,16 @@ def transition(
         holder=holder,
         fencing_token=fencing_token,
     )
-    node.state = str(to_state)
-    node.state_since = now
-    node.updated_at = now
+    if expect is not None:
+        # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
+        # so the flush does not send the same UPDATE a second time.
+        set_committed_value(node, "state", str(to_state))
+        set_committed_value(node, "state_since", now)
+        set_committed_value(node, "updated_at", now)
+    else:
+        node.state = str(to_state)
+        node.state_since = now
+        node.updated_at = now
     session.add(row)
     session.flush()
     return row
@@ -131,7 +145,11 @@ def record_action(
     detail: dict[str, Any] | None = None,
     attempts: int = 0,
 ) -> Action:
-    """Record an action taken, dry-run, refused or requested by an operator (the audit log)."""
+    """Record an action taken, dry-run, refused or requested by an operator (the audit log).
+
+    The row is added, not flushed: a step's rows go to the database together at its next flush
+    (one batched INSERT where the driver allows it); its ``id`` is set from then on.
+    """
     row = Action(
         node_id=node.id if node else None,
         incident_id=incident.id if incident else None,
@@ -145,8 +163,7 @@ def record_action(
         created_at=now,
         updated_at=now,
     )
-    session.add(row)
-    session.flush()
+    session.add(row)  # flushed with the step's other rows (one batched INSERT), or by the next query
     return row
 
 
