@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -30,9 +30,26 @@ SWITCH_POOLS = "pools"
 SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
 
 
+# The per-node statements of a reconcile step, built once (building a statement's expression costs
+# more CPU than SQLite running it); each call binds its parameters.
+_NODE_BY_NAME = select(Node).where(Node.name == bindparam("name"))
+_OPEN_INCIDENT = select(Incident).where(
+    Incident.node_id == bindparam("node_id"), Incident.closed_at.is_(None)
+)
+_ATTACH_FINDINGS = (
+    update(FindingRow)
+    .where(
+        FindingRow.node_name == bindparam("b_node_name"),
+        FindingRow.incident_id.is_(None),
+        FindingRow.resolved_at.is_(None),
+    )
+    .values(incident_id=bindparam("b_incident_id"))
+)
+
+
 def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
     """The node row for ``name``, created healthy if new."""
-    node = session.scalar(select(Node).where(Node.name == name))
+    node = session.scalar(_NODE_BY_NAME, {"name": name})
     if node is None:
         node = Node(
             name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
@@ -44,7 +61,7 @@ def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str 
 
 def open_incident(session: Session, node: Node) -> Incident | None:
     """The node's open incident, if any (at most one exists: a partial unique index)."""
-    return session.scalar(select(Incident).where(Incident.node_id == node.id, Incident.closed_at.is_(None)))
+    return session.scalar(_OPEN_INCIDENT, {"node_id": node.id})
 
 
 def ensure_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
@@ -224,12 +241,4 @@ def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fle
 
 def attach_findings(session: Session, node: Node, incident: Incident) -> None:
     """Hang the node's unresolved findings that belong to no incident yet on ``incident``."""
-    session.execute(
-        update(FindingRow)
-        .where(
-            FindingRow.node_name == node.name,
-            FindingRow.incident_id.is_(None),
-            FindingRow.resolved_at.is_(None),
-        )
-        .values(incident_id=incident.id)
-    )
+    session.execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})
