@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from healer.actions.base import NodeActions
@@ -113,7 +113,7 @@ def observe(
         node.pool = labels.pool(view)
     incident = repo.open_incident(session, node)
     if incident is None and node.state not in (NodeState.HEALTHY, NodeState.UNKNOWN):
-        incident = repo.ensure_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
+        incident = repo.new_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
     if incident is not None:
         repo.attach_findings(session, node, incident)
     firing: tuple[Finding, ...] = ()
@@ -149,12 +149,20 @@ def observe(
     return Observation(node=node, incident=incident, facts=facts)
 
 
+# Statements run once per node step, built once (their parameters bound per call).
+_TICKET_STATUS = (
+    select(Ticket.status)
+    .where(Ticket.incident_id == bindparam("incident_id"))
+    .order_by(Ticket.id.desc())
+    .limit(1)
+)
+_NOTIFIED = select(Action.detail).where(Action.node_id == bindparam("node_id"), Action.kind == "notify")
+
+
 def _incident_facts(session: Session, incident: Incident | None) -> lc.IncidentFacts | None:
     if incident is None:
         return None
-    status = session.scalar(
-        select(Ticket.status).where(Ticket.incident_id == incident.id).order_by(Ticket.id.desc()).limit(1)
-    )
+    status = session.scalar(_TICKET_STATUS, {"incident_id": incident.id})
     return incident_facts(incident, ticket=TicketStatus(status) if status else None)
 
 
@@ -226,9 +234,7 @@ def _repeat_parts(
 
 
 def _notified(session: Session, node: Node) -> frozenset[str]:
-    details = session.scalars(
-        select(Action.detail).where(Action.node_id == node.id, Action.kind == "notify")
-    ).all()
+    details = session.scalars(_NOTIFIED, {"node_id": node.id}).all()
     return frozenset(str(d["key"]) for d in details if d and d.get("key"))
 
 

@@ -55,7 +55,7 @@ class Recorder:
             session.flush()
             incident = None
         if incident is None and (step.open_incident or step.new_incident):
-            incident = repo.ensure_incident(session, node, now=now, summary=step.reason)
+            incident = repo.new_incident(session, node, now=now, summary=step.reason)
             repo.attach_findings(session, node, incident)
         if incident is not None:
             _remember(incident, step)

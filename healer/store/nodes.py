@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from healer.errors import StaleState
 from healer.model.states import NodeState
@@ -29,9 +30,26 @@ SWITCH_POOLS = "pools"
 SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
 
 
+# The per-node statements of a reconcile step, built once (building a statement's expression costs
+# more CPU than SQLite running it); each call binds its parameters.
+_NODE_BY_NAME = select(Node).where(Node.name == bindparam("name"))
+_OPEN_INCIDENT = select(Incident).where(
+    Incident.node_id == bindparam("node_id"), Incident.closed_at.is_(None)
+)
+_ATTACH_FINDINGS = (
+    update(FindingRow)
+    .where(
+        FindingRow.node_name == bindparam("b_node_name"),
+        FindingRow.incident_id.is_(None),
+        FindingRow.resolved_at.is_(None),
+    )
+    .values(incident_id=bindparam("b_incident_id"))
+)
+
+
 def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
     """The node row for ``name``, created healthy if new."""
-    node = session.scalar(select(Node).where(Node.name == name))
+    node = session.scalar(_NODE_BY_NAME, {"name": name})
     if node is None:
         node = Node(
             name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
@@ -43,16 +61,23 @@ def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str 
 
 def open_incident(session: Session, node: Node) -> Incident | None:
     """The node's open incident, if any (at most one exists: a partial unique index)."""
-    return session.scalar(select(Incident).where(Incident.node_id == node.id, Incident.closed_at.is_(None)))
+    return session.scalar(_OPEN_INCIDENT, {"node_id": node.id})
 
 
 def ensure_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
     """The node's open incident, opened now if there is none."""
     incident = open_incident(session, node)
     if incident is None:
-        incident = Incident(node_id=node.id, opened_at=now, summary=summary)
-        session.add(incident)
-        session.flush()
+        incident = new_incident(session, node, now=now, summary=summary)
+    return incident
+
+
+def new_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
+    """Open an incident for ``node``, whose open incident the caller has just read as none (saves
+    :func:`ensure_incident`'s second SELECT; a concurrent one violates the partial unique index)."""
+    incident = Incident(node_id=node.id, opened_at=now, summary=summary)
+    session.add(incident)
+    session.flush()
     return incident
 
 
@@ -96,11 +121,10 @@ def transition(
         )
         if getattr(moved, "rowcount", 1) != 1:
             raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
-        node.state = str(expect)  # the in-memory row as the UPDATE found it, moved below
     row = Transition(
         node_id=node.id,
         incident_id=incident.id if incident else None,
-        from_state=node.state,
+        from_state=str(expect) if expect is not None else node.state,
         to_state=str(to_state),
         actor=actor,
         reason=reason,
@@ -109,9 +133,16 @@ def transition(
         holder=holder,
         fencing_token=fencing_token,
     )
-    node.state = str(to_state)
-    node.state_since = now
-    node.updated_at = now
+    if expect is not None:
+        # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
+        # so the flush does not send the same UPDATE a second time.
+        set_committed_value(node, "state", str(to_state))
+        set_committed_value(node, "state_since", now)
+        set_committed_value(node, "updated_at", now)
+    else:
+        node.state = str(to_state)
+        node.state_since = now
+        node.updated_at = now
     session.add(row)
     session.flush()
     return row
@@ -131,7 +162,11 @@ def record_action(
     detail: dict[str, Any] | None = None,
     attempts: int = 0,
 ) -> Action:
-    """Record an action taken, dry-run, refused or requested by an operator (the audit log)."""
+    """Record an action taken, dry-run, refused or requested by an operator (the audit log).
+
+    The row is added, not flushed: a step's rows go to the database together at its next flush
+    (one batched INSERT where the driver allows it); its ``id`` is set from then on.
+    """
     row = Action(
         node_id=node.id if node else None,
         incident_id=incident.id if incident else None,
@@ -145,8 +180,7 @@ def record_action(
         created_at=now,
         updated_at=now,
     )
-    session.add(row)
-    session.flush()
+    session.add(row)  # flushed with the step's other rows (one batched INSERT), or by the next query
     return row
 
 
@@ -207,12 +241,4 @@ def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fle
 
 def attach_findings(session: Session, node: Node, incident: Incident) -> None:
     """Hang the node's unresolved findings that belong to no incident yet on ``incident``."""
-    session.execute(
-        update(FindingRow)
-        .where(
-            FindingRow.node_name == node.name,
-            FindingRow.incident_id.is_(None),
-            FindingRow.resolved_at.is_(None),
-        )
-        .values(incident_id=incident.id)
-    )
+    session.execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})
