@@ -30,7 +30,7 @@ import yaml
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.detection import DetectionResult, initial_state, run_detection
-from healer.engine.evaluation import ChangeKind
+from healer.engine.evaluation import ChangeKind, RuleReport
 from healer.model.findings import Finding
 from healer.model.states import RuleHealth
 from healer.ruleset.loading import load_ruleset
@@ -448,9 +448,22 @@ def test_one_query_per_rule_per_tick(timeline: Timeline) -> None:
         (r.rule, r.health, r.error)
         for t in timeline.all_ticks
         for r in t.reports
-        if r.health not in (RuleHealth.OK, RuleHealth.NO_DATA)
+        if r.health not in (RuleHealth.OK, RuleHealth.NO_DATA) and not _dead_unlabelled_target(r)
     ]
     assert not unhealthy, unhealthy
+
+
+def _dead_unlabelled_target(report: RuleReport) -> bool:
+    """DOWN's dcgm-exporter target carries no node label on purpose; its `up == 0` series names no
+    node. The two targets of DOWN are scraped at different offsets, so for a tick or two that series
+    can be the rule's only one: the rule is then DEGRADED (not NO_DATA), which is the truth."""
+    return (
+        report.rule == "ExporterTargetDown"
+        and report.health == RuleHealth.DEGRADED
+        and report.unresolved is not None
+        and report.unresolved.count == 1
+        and report.unresolved.example.get("job") == "dcgm-exporter"
+    )
 
 
 def test_ticks_are_recorded(timeline: Timeline) -> None:
