@@ -124,10 +124,19 @@ def _tick_origin(sessions: sessionmaker[Session]) -> float | None:
     return datetime.fromisoformat(at).timestamp() if at else None
 
 
-def _last_scrapes(metrics: Metrics) -> dict[str, float]:
-    """Each node's last scrape of its dcgm-exporter (the sample's timestamp, unix seconds)."""
-    found = metrics.prometheus.query(f'timestamp(DCGM_FI_DEV_GPU_TEMP{{gpu="{GPU}"}})')
-    return {r["metric"]["Hostname"]: float(r["value"][1]) for r in found}
+def _scrape_grids(metrics: Metrics) -> dict[str, float]:
+    """A time on each node's dcgm-exporter scrape grid (unix seconds): the earliest phase of its
+    scrapes over the last 20 s. Prometheus scrapes each target every ``SCRAPE`` seconds at its own
+    offset and stamps a sample with the scrape's start; a scrape started late (a loaded machine)
+    is stamped late, never early, so the earliest phase is the grid."""
+    found = metrics.prometheus.query(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{GPU}"}}[20s]')
+    grids = {}
+    for series in found:
+        stamps = [float(ts) for ts, _ in series["values"]]
+        last = stamps[-1]
+        lateness = [(t - last + SCRAPE / 2) % SCRAPE - SCRAPE / 2 for t in stamps]
+        grids[series["metric"]["Hostname"]] = last + min(lateness)
+    return grids
 
 
 def plan(nodes: list[str], scrapes: dict[str, float], tick_at: float, now: float) -> list[Plan]:
@@ -228,9 +237,9 @@ def test_fault_to_cordon_within_for_plus_scrape_plus_tick(world: World) -> None:
         # Steady state: healer ticks on its grid and Prometheus has scraped every node.
         origin = wait_until(lambda: healer.alive() or _tick_origin(sessions), timeout=60, what="first tick")
         wait_until(lambda: (_tick_origin(sessions) or 0) > origin, timeout=30, what="second tick")
-        wait_until(lambda: set(faulted) <= set(_last_scrapes(metrics)), timeout=30, what="every node scraped")
+        wait_until(lambda: set(faulted) <= set(_scrape_grids(metrics)), timeout=30, what="every node scraped")
         now = time.time()
-        plans = plan(faulted, _last_scrapes(metrics), _tick_origin(sessions) or origin, now)
+        plans = plan(faulted, _scrape_grids(metrics), _tick_origin(sessions) or origin, now)
         sim_now, wall_now = metrics.clock(), time.time()  # one paired reading: wall = sim + offset
         for p in plans:
             at = sim_now + (p.fault - wall_now)
