@@ -149,6 +149,17 @@ def _finding_times(sessions: sessionmaker[Session], node: str) -> tuple[float | 
     return unix(row.active_since), unix(row.fired_at)
 
 
+def _rank(node: str, fired_at: dict[str, float | None], cordoned: dict[str, float]) -> str:
+    """``, k of n in its tick)``: the node's place among the nodes that fired in the same tick, in
+    the order the API server applied their cordons (healer quarantines them one after another)."""
+    same = sorted(
+        (cordoned.get(n, math.inf), n) for n, t in fired_at.items() if t is not None and t == fired_at[node]
+    )
+    if node not in cordoned or len(same) < 2:
+        return ")"
+    return f", {[n for _, n in same].index(node) + 1} of {len(same)} in its tick)"
+
+
 def _report(plans: list[Plan], cordoned: dict[str, float], metrics: Metrics, sessions: Any) -> str:
     lines = [
         f"bound = for {FOR:g} + scrape {SCRAPE:g} + tick {TICK:g} + 1 = {BOUND:g} s; per node "
@@ -156,6 +167,7 @@ def _report(plans: list[Plan], cordoned: dict[str, float], metrics: Metrics, ses
         "cordon applied"
     ]
     start = min(p.fault for p in plans)
+    fired_at = {p.node: _finding_times(sessions, p.node)[1] for p in plans}
     for p in plans:
         sample = _first_hot_sample(metrics, p.node)
         active, fired = _finding_times(sessions, p.node)
@@ -167,7 +179,8 @@ def _report(plans: list[Plan], cordoned: dict[str, float], metrics: Metrics, ses
         lines.append(
             f"  {p.node}: fault at +{p.fault - start:5.3f}  plan {rel(p.scrape)}/{rel(p.tick)}  "
             f"sample {rel(sample)}  active {rel(active)}  fired {rel(fired)}  cordon {rel(seen)}"
-            + ("" if fired is None or seen is None else f"  (fired->cordon {seen - fired:.3f})")
+            + ("" if fired is None or seen is None else f"  (fired->cordon {seen - fired:.3f}")
+            + _rank(p.node, fired_at, cordoned)
         )
     return "\n".join(lines)
 
