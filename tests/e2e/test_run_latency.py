@@ -212,23 +212,28 @@ def test_fault_to_cordon_within_for_plus_scrape_plus_tick(world: World) -> None:
         )
         healer = world.start(config)
         sessions = world.sessions(db, healer)
+
+        def last_tick() -> float | None:
+            healer.alive()
+            return _tick_origin(sessions)
+
+        def all_cordoned() -> bool:
+            healer.alive()
+            return set(faulted) <= set(world.kube.cordons())
+
         # Steady state: healer ticks on its grid and Prometheus has scraped every node.
-        origin = wait_until(lambda: healer.alive() or _tick_origin(sessions), timeout=60, what="first tick")
-        wait_until(lambda: (_tick_origin(sessions) or 0) > origin, timeout=30, what="second tick")
+        origin = wait_until(last_tick, timeout=60, what="first tick")
+        wait_until(lambda: (last_tick() or 0) > origin, timeout=30, what="second tick")
         wait_until(lambda: set(faulted) <= set(_scrape_grids(metrics)), timeout=30, what="every node scraped")
         now = time.time()
-        plans = plan(faulted, _scrape_grids(metrics), _tick_origin(sessions) or origin, now)
+        plans = plan(faulted, _scrape_grids(metrics), last_tick() or origin, now)
         sim_now, wall_now = metrics.clock(), time.time()  # one paired reading: wall = sim + offset
         for p in plans:
             at = sim_now + (p.fault - wall_now)
             metrics.fleet.inject(HotGpu(at=at, node=p.node, gpu=GPU, fault="hot_gpu", target=95))
         last_fault = max(p.fault for p in plans)
         with contextlib.suppress(TimeoutError):  # the report below says which node was not
-            wait_until(
-                lambda: healer.alive() or set(faulted) <= set(world.kube.cordons()),
-                timeout=last_fault + BOUND + 30 - time.time(),
-                interval=0.2,
-            )
+            wait_until(all_cordoned, timeout=last_fault + BOUND + 30 - time.time(), interval=0.2)
         cordoned = {node: at for node, at in world.kube.cordons().items() if node.startswith(world.prefix)}
         report = _report(plans, cordoned, metrics, sessions)
         print(report)
