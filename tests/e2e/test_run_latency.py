@@ -20,10 +20,12 @@ What is measured, per node:
   ``spec.unschedulable: true`` (its audit log's ``stageTimestamp`` of that PATCH: no test-side
   observation delay, which a loaded test process would add to a watch).
 
-Bound: C - F <= ``for`` + ``SCRAPE`` + ``TICK`` + 1 s. The parts are the physical limit (wait for
-the next scrape, for the next tick, for ``for``); the second covers what a tick spends between its
-scheduled time and the PATCH (query, evaluation, records, the cordon), and a scrape that lands so
-close before a tick that Prometheus has not yet appended it when the tick queries.
+Bound: C - F <= ``for`` + ``SCRAPE`` + ``TICK`` + 1 s. The first three are the physical limit
+(wait for the next scrape, for the next tick, for ``for``); the 1 s covers what a tick spends
+between its scheduled time and the PATCH (query, records, node reads, and the quarantine steps of
+the nodes before this one when several fire in the same tick: healer takes them one after
+another), and a scrape that lands so close before a tick that Prometheus has not yet appended it
+when the tick queries. Figures from runs on the development machine: bench/README.md.
 """
 
 from __future__ import annotations
