@@ -47,7 +47,8 @@ KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 #: Lines for pytest's terminal summary (start-up time, memory); conftest prints them.
 REPORT: list[str] = []
 #: What the API server's audit log records: eviction requests (who, which pod, the answer's code),
-#: so a test can count evictions the API server accepted as the emulator counts them.
+#: so a test can count evictions the API server accepted as the emulator counts them; and writes to
+#: Nodes (not their status) with their bodies, so a test can time a cordon where it is applied.
 AUDIT_POLICY = """
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -57,6 +58,11 @@ rules:
     resources:
       - group: ""
         resources: ["pods/eviction"]
+  - level: Request
+    verbs: ["patch", "update"]
+    resources:
+      - group: ""
+        resources: ["nodes"]
   - level: None
 """
 #: Order of start; stopped in reverse.
@@ -304,6 +310,25 @@ class ControlPlane:
                     user=str((entry.get("user") or {}).get("username")),
                 )
             )
+        return found
+
+    def cordons(self) -> dict[str, float]:
+        """node → when the API server completed the first write that set its ``spec.unschedulable``
+        to true (unix seconds, microsecond precision; its audit log's ``stageTimestamp``)."""
+        path = self.workdir / "audit.log"
+        found: dict[str, float] = {}
+        if not path.exists():
+            return found
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            ref = entry.get("objectRef") or {}
+            done = entry.get("stage") == "ResponseComplete"
+            ok = (entry.get("responseStatus") or {}).get("code", 200) < 300
+            if ref.get("resource") != "nodes" or ref.get("subresource") or not (done and ok):
+                continue
+            body = entry.get("requestObject") or {}
+            if (body.get("spec") or {}).get("unschedulable") is True and ref.get("name") not in found:
+                found[ref["name"]] = dt.datetime.fromisoformat(entry["stageTimestamp"]).timestamp()
         return found
 
     def eviction_count(self, pod: str) -> int:

@@ -251,6 +251,21 @@ class Fleet:
             self._nodes[index] = dataclasses.replace(old, model=model, templates={}, labels={})
         return removed
 
+    def inject(self, fault: Fault) -> None:
+        """Add ``fault`` to the running fleet (not to :attr:`scenario`): it starts at ``fault.at``
+        seconds on the clock the scrapes are rendered at (at once when that is past), as a
+        scenario's fault would. Lets a test start a fault at a wall time it picks while the fleet
+        is being scraped.
+
+        Raises:
+            ScenarioError: the fault names a node, GPU or HCA the fleet does not have.
+        """
+        [(index, _)] = self._bind(Scenario(faults=[fault])).items()
+        old = self._nodes[index]
+        model = dataclasses.replace(old.model, faults=(*old.model.faults, fault))
+        # A new _Node (fresh template cache) swapped in whole, so concurrent scrapes see either.
+        self._nodes[index] = dataclasses.replace(old, model=model, templates={}, labels={})
+
     def _bind(self, scenario: Scenario) -> dict[int, list[Fault]]:
         cfg = self.config
         problems: list[str] = []
