@@ -161,11 +161,13 @@ def record_action(
     error: str | None = None,
     detail: dict[str, Any] | None = None,
     attempts: int = 0,
+    add: bool = True,
 ) -> Action:
     """Record an action taken, dry-run, refused or requested by an operator (the audit log).
 
     The row is added, not flushed: a step's rows go to the database together at its next flush
-    (one batched INSERT where the driver allows it); its ``id`` is set from then on.
+    (one batched INSERT where the driver allows it); its ``id`` is set from then on. ``add=False``:
+    the row is only built, for :func:`insert_actions`.
     """
     row = Action(
         node_id=node.id if node else None,
@@ -180,8 +182,20 @@ def record_action(
         created_at=now,
         updated_at=now,
     )
-    session.add(row)  # flushed with the step's other rows (one batched INSERT), or by the next query
+    if add:
+        session.add(row)  # flushed with the step's other rows (one batched INSERT), or by the next query
     return row
+
+
+_ACTION_COLUMNS = tuple(c.key for c in Action.__table__.columns if c.key != "id")
+
+
+def insert_actions(session: Session, rows: Sequence[Action]) -> None:
+    """Insert audit rows built by :func:`record_action` (``add=False``) in one executemany, without
+    keeping them as objects (nobody reads their ids back): one statement on SQLite too, where the
+    ORM's flush sends one INSERT per row to learn each id."""
+    if rows:
+        session.execute(insert(Action), [{k: getattr(r, k) for k in _ACTION_COLUMNS} for r in rows])
 
 
 def get_switch(session: Session, name: str) -> dict[str, Any]:
