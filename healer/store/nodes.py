@@ -47,6 +47,18 @@ _ATTACH_FINDINGS = (
 )
 
 
+# The compare-and-set of a transition (``synchronize_session=False``: the caller's row object takes
+# the values written by ``set_committed_value``) and the transition row's INSERT (no object loaded:
+# nobody reads its id back).
+_MOVE_IF = (
+    update(Node)
+    .where(Node.id == bindparam("b_id"), Node.state == bindparam("b_expect"))
+    .values(state=bindparam("b_state"), state_since=bindparam("b_at"), updated_at=bindparam("b_at"))
+    .execution_options(synchronize_session=False)
+)
+_INSERT_TRANSITION = insert(Transition)
+
+
 def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
     """The node row for ``name``, created healthy if new."""
     node = session.scalar(_NODE_BY_NAME, {"name": name})
@@ -102,38 +114,24 @@ def transition(
     expect: str | None = None,
     holder: str | None = None,
     fencing_token: int | None = None,
-) -> Transition:
+) -> None:
     """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when).
 
     ``expect``: the state the step was decided from; the move is a compare-and-set
     (``UPDATE nodes ... WHERE id = :id AND state = :expect``) and raises :class:`StaleState` when
     another writer moved the node since. ``holder`` and ``fencing_token``: the Lease holder
-    recording it and its fencing number (see ``healer.controller.fence``).
+    recording it and its fencing number (see ``healer.controller.fence``). The ``transitions`` row
+    is inserted as is (no object kept in the session).
     """
     if incident is None:
         incident = open_incident(session, node)
+    from_state = str(expect) if expect is not None else node.state
     if expect is not None:
         moved = session.execute(
-            update(Node)
-            .where(Node.id == node.id, Node.state == str(expect))
-            .values(state=str(to_state), state_since=now, updated_at=now)
-            .execution_options(synchronize_session=False)
+            _MOVE_IF, {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
         )
         if getattr(moved, "rowcount", 1) != 1:
             raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
-    row = Transition(
-        node_id=node.id,
-        incident_id=incident.id if incident else None,
-        from_state=str(expect) if expect is not None else node.state,
-        to_state=str(to_state),
-        actor=actor,
-        reason=reason,
-        evidence=evidence,
-        at=now,
-        holder=holder,
-        fencing_token=fencing_token,
-    )
-    if expect is not None:
         # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
         # so the flush does not send the same UPDATE a second time.
         set_committed_value(node, "state", str(to_state))
@@ -143,9 +141,21 @@ def transition(
         node.state = str(to_state)
         node.state_since = now
         node.updated_at = now
-    session.add(row)
-    session.flush()
-    return row
+    session.execute(
+        _INSERT_TRANSITION,
+        {
+            "node_id": node.id,
+            "incident_id": incident.id if incident else None,
+            "from_state": from_state,
+            "to_state": str(to_state),
+            "actor": actor,
+            "reason": reason,
+            "evidence": evidence,
+            "at": now,
+            "holder": holder,
+            "fencing_token": fencing_token,
+        },
+    )
 
 
 def record_action(
