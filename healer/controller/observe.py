@@ -132,8 +132,7 @@ def observe(
     """
     view = seen.view
     if rows is None:
-        node = repo.get_or_create_node(session, name, now=now, pool=labels.pool(view))
-        rows = Rows(node, repo.open_incident(session, node))
+        rows = Rows(*repo.node_and_open_incident(session, name, now=now, pool=labels.pool(view)))
     node = rows.node
     if view is not None and node.pool != (pool := labels.pool(view)):
         node.pool = pool

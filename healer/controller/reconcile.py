@@ -130,6 +130,7 @@ class Reconciler:
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self._attached: set[int] = set()  # incidents whose findings this pass attached
+        self._notifies = lc.notifies(self.rules)
         self.record = Recorder(
             actor=self.actor,
             now=self.now,
@@ -257,7 +258,7 @@ class Reconciler:
             sticky_rules=self.sticky_rules,
             rows=run.rows,
             attached=self._attached | run.attached,
-            notices=notices,
+            notices=notices and self._notifies,
         )
         if obs.incident is not None:
             run.attached.add(obs.incident.id)
@@ -315,8 +316,7 @@ class Reconciler:
         """The open transaction and the node's rows in it (read when this transaction has not)."""
         session = run.txn.session()
         if run.rows is None:
-            node = repo.get_or_create_node(session, name, now=self.now)
-            run.rows = Rows(node, repo.open_incident(session, node))
+            run.rows = Rows(*repo.node_and_open_incident(session, name, now=self.now))
         return session, run.rows
 
     def _record(self, run: _Run, name: str, plan: _Plan, applied: Applied) -> None:
@@ -328,7 +328,8 @@ class Reconciler:
         node = rows.node
         # Clear this step's own intent; one a dead process left waits for the ownership reconcile.
         intent = node.intent or {}
-        if (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat()):
+        ours = (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat())
+        if ours and applied.error is not None:
             node.intent = None
         done = applied.done
         if any(isinstance(e, lc.DrainStep) for e in step.effects):
@@ -339,7 +340,14 @@ class Reconciler:
             self.record.effects(session, node, rows.incident, done, step)
         else:
             self.record.step(
-                session, rows, step, done, firing=firing, expect=plan.from_state, attached=run.attached
+                session,
+                rows,
+                step,
+                done,
+                firing=firing,
+                expect=plan.from_state,
+                attached=run.attached,
+                clear_intent=ours,
             )
             run.txn.holds_write = run.txn.holds_write or step.to is not None
 

@@ -43,6 +43,7 @@ class Recorder:
         firing: list[Finding],
         expect: str | None = None,
         attached: set[int] | None = None,
+        clear_intent: bool = False,
     ) -> None:
         """Incident changes, memory, drain start, audit rows, tickets, transition.
 
@@ -52,20 +53,25 @@ class Recorder:
 
         ``expect``: the state the step was decided from (the transition is a compare-and-set on
         it; ``StaleState`` when the node moved meanwhile, and the caller's transaction rolls back).
+        ``clear_intent``: clear the node's ``intent`` (with the transition's UPDATE when it has one).
         """
         now = self.now
         node, incident = rows.node, rows.incident
+        if clear_intent and step.to is None:
+            node.intent = None
         if step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident or "superseded")
             session.flush()
             incident = None
         if incident is None and (step.open_incident or step.new_incident):
-            incident = repo.new_incident(session, node, now=now, summary=step.reason)
+            incident = repo.new_incident(
+                session, node, now=now, summary=step.reason, before_insert=lambda i: _remember(i, step)
+            )
             repo.attach_findings(session, node, incident)
             rows.ticket, rows.ticket_read = None, True
             if attached is not None:
                 attached.add(incident.id)
-        if incident is not None:
+        elif incident is not None:
             _remember(incident, step)
         for effect in step.effects:
             if isinstance(effect, lc.StartDrain) and incident is not None:
@@ -111,6 +117,7 @@ class Recorder:
                 expect=expect,
                 holder=self.holder,
                 fencing_token=self.fencing_token,
+                clear_intent=clear_intent,
             )
         if step.close_incident is not None and not step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident)

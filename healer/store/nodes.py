@@ -6,7 +6,7 @@ Times are aware UTC and passed in (``now``), never read here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -36,6 +36,11 @@ _NODE_BY_NAME = select(Node).where(Node.name == bindparam("name"))
 _OPEN_INCIDENT = select(Incident).where(
     Incident.node_id == bindparam("node_id"), Incident.closed_at.is_(None)
 )
+_NODE_AND_OPEN_INCIDENT = (
+    select(Node, Incident)
+    .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+    .where(Node.name == bindparam("name"))
+)
 _ATTACH_FINDINGS = (
     update(FindingRow)
     .where(
@@ -56,18 +61,33 @@ _MOVE_IF = (
     .values(state=bindparam("b_state"), state_since=bindparam("b_at"), updated_at=bindparam("b_at"))
     .execution_options(synchronize_session=False)
 )
+# The same, clearing the step's intent in the same statement.
+_MOVE_IF_CLEARING = _MOVE_IF.values(intent=bindparam("b_intent"))
 _INSERT_TRANSITION = insert(Transition)
 
 
 def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
     """The node row for ``name``, created healthy if new."""
     node = session.scalar(_NODE_BY_NAME, {"name": name})
-    if node is None:
-        node = Node(
-            name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
-        )
-        session.add(node)
-        session.flush()
+    return node if node is not None else _create_node(session, name, now=now, pool=pool)
+
+
+def node_and_open_incident(
+    session: Session, name: str, *, now: datetime, pool: str = "default"
+) -> tuple[Node, Incident | None]:
+    """:func:`get_or_create_node` and :func:`open_incident` in one SELECT (an outer join)."""
+    row = session.execute(_NODE_AND_OPEN_INCIDENT, {"name": name}).first()
+    if row is None:
+        return _create_node(session, name, now=now, pool=pool), None
+    return row[0], row[1]
+
+
+def _create_node(session: Session, name: str, *, now: datetime, pool: str) -> Node:
+    node = Node(
+        name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
+    )
+    session.add(node)
+    session.flush()
     return node
 
 
@@ -84,10 +104,23 @@ def ensure_incident(session: Session, node: Node, *, now: datetime, summary: str
     return incident
 
 
-def new_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
+def new_incident(
+    session: Session,
+    node: Node,
+    *,
+    now: datetime,
+    summary: str,
+    before_insert: Callable[[Incident], None] | None = None,
+) -> Incident:
     """Open an incident for ``node``, whose open incident the caller has just read as none (saves
-    :func:`ensure_incident`'s second SELECT; a concurrent one violates the partial unique index)."""
+    :func:`ensure_incident`'s second SELECT; a concurrent one violates the partial unique index).
+
+    ``before_insert(incident)`` fills more columns before the INSERT (one statement, not an INSERT
+    and an UPDATE); the incident's ``id`` is not set yet when it runs.
+    """
     incident = Incident(node_id=node.id, opened_at=now, summary=summary)
+    if before_insert is not None:
+        before_insert(incident)
     session.add(incident)
     session.flush()
     return incident
@@ -114,6 +147,7 @@ def transition(
     expect: str | None = None,
     holder: str | None = None,
     fencing_token: int | None = None,
+    clear_intent: bool = False,
 ) -> None:
     """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when).
 
@@ -121,15 +155,18 @@ def transition(
     (``UPDATE nodes ... WHERE id = :id AND state = :expect``) and raises :class:`StaleState` when
     another writer moved the node since. ``holder`` and ``fencing_token``: the Lease holder
     recording it and its fencing number (see ``healer.controller.fence``). The ``transitions`` row
-    is inserted as is (no object kept in the session).
+    is inserted as is (no object kept in the session). ``clear_intent``: the compare-and-set also
+    clears the node's ``intent`` (the step being recorded is the one it announced).
     """
     if incident is None:
         incident = open_incident(session, node)
     from_state = str(expect) if expect is not None else node.state
     if expect is not None:
-        moved = session.execute(
-            _MOVE_IF, {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
-        )
+        params = {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
+        if clear_intent:
+            moved = session.execute(_MOVE_IF_CLEARING, {**params, "b_intent": None})
+        else:
+            moved = session.execute(_MOVE_IF, params)
         if getattr(moved, "rowcount", 1) != 1:
             raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
         # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
@@ -137,7 +174,11 @@ def transition(
         set_committed_value(node, "state", str(to_state))
         set_committed_value(node, "state_since", now)
         set_committed_value(node, "updated_at", now)
+        if clear_intent:
+            set_committed_value(node, "intent", None)
     else:
+        if clear_intent:
+            node.intent = None
         node.state = str(to_state)
         node.state_since = now
         node.updated_at = now
