@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -52,18 +52,19 @@ _ATTACH_FINDINGS = (
 )
 
 
-# The compare-and-set of a transition (``synchronize_session=False``: the caller's row object takes
-# the values written by ``set_committed_value``) and the transition row's INSERT (no object loaded:
-# nobody reads its id back).
+# The compare-and-set of a transition and the transition row's INSERT, in Core on the session's
+# connection (no ORM bookkeeping: the caller's row object takes the values written through
+# ``set_committed_value``, and nobody reads the transition row's id back).
+_NODES, _TRANSITIONS, _ACTIONS = (cast(Table, m.__table__) for m in (Node, Transition, Action))
 _MOVE_IF = (
-    update(Node)
-    .where(Node.id == bindparam("b_id"), Node.state == bindparam("b_expect"))
+    update(_NODES)
+    .where(_NODES.c.id == bindparam("b_id"), _NODES.c.state == bindparam("b_expect"))
     .values(state=bindparam("b_state"), state_since=bindparam("b_at"), updated_at=bindparam("b_at"))
-    .execution_options(synchronize_session=False)
 )
 # The same, clearing the step's intent in the same statement.
 _MOVE_IF_CLEARING = _MOVE_IF.values(intent=bindparam("b_intent"))
-_INSERT_TRANSITION = insert(Transition)
+_INSERT_TRANSITION = insert(_TRANSITIONS)
+_INSERT_ACTIONS = insert(_ACTIONS)
 
 
 def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
@@ -163,10 +164,11 @@ def transition(
     from_state = str(expect) if expect is not None else node.state
     if expect is not None:
         params = {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
+        connection = session.connection()
         if clear_intent:
-            moved = session.execute(_MOVE_IF_CLEARING, {**params, "b_intent": None})
+            moved = connection.execute(_MOVE_IF_CLEARING, {**params, "b_intent": None})
         else:
-            moved = session.execute(_MOVE_IF, params)
+            moved = connection.execute(_MOVE_IF, params)
         if getattr(moved, "rowcount", 1) != 1:
             raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
         # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
@@ -182,7 +184,7 @@ def transition(
         node.state = str(to_state)
         node.state_since = now
         node.updated_at = now
-    session.execute(
+    session.connection().execute(
         _INSERT_TRANSITION,
         {
             "node_id": node.id,
@@ -238,7 +240,7 @@ def record_action(
     return row
 
 
-_ACTION_COLUMNS = tuple(c.key for c in Action.__table__.columns if c.key != "id")
+_ACTION_COLUMNS = tuple(c.key for c in _ACTIONS.columns if c.key != "id")
 
 
 def insert_actions(session: Session, rows: Sequence[Action]) -> None:
@@ -246,7 +248,9 @@ def insert_actions(session: Session, rows: Sequence[Action]) -> None:
     keeping them as objects (nobody reads their ids back): one statement on SQLite too, where the
     ORM's flush sends one INSERT per row to learn each id."""
     if rows:
-        session.execute(insert(Action), [{k: getattr(r, k) for k in _ACTION_COLUMNS} for r in rows])
+        session.flush()  # rows added before these keep their place (ids in the order recorded)
+        values = [{k: getattr(r, k) for k in _ACTION_COLUMNS} for r in rows]
+        session.connection().execute(_INSERT_ACTIONS, values)
 
 
 def get_switch(session: Session, name: str) -> dict[str, Any]:
