@@ -8,11 +8,14 @@
                               ▲                                              │ last write left it
                               └──────────────────────────────────────────────┘
 
-Each step is short: one transaction observes, decides and judges (a refusal is recorded there);
-the Kubernetes effects run with no transaction open; one transaction records the step. The
-effects run before the record and are idempotent, so a crash in between repeats them harmlessly
-next time instead of leaving the database claiming a cordon that never happened (which would
-read as a human uncordon).
+Each step is short: observe, decide and judge run in a transaction (a refusal is recorded there);
+the Kubernetes effects run with no transaction open; the record follows in a transaction. A
+step's record and the next step's plan share one transaction, and a step with no cluster write is
+recorded in the transaction that planned it: the transaction is committed before every cluster
+write and at the end, so a node going healthy → suspect → quarantined → awaiting_repair in one
+pass takes two transactions, not seven. The effects run before the record and are idempotent, so
+a crash in between repeats them harmlessly next time instead of leaving the database claiming a
+cordon that never happened (which would read as a human uncordon).
 
 Crash consistency: the step's intent (step, from, to, holder, fencing number) is written to the
 node's row in the transaction that decides it, before the first cluster write; the record clears
