@@ -41,12 +41,15 @@ _NODE_AND_OPEN_INCIDENT = (
     .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
     .where(Node.name == bindparam("name"))
 )
+# In Core on the session's connection (no ORM synchronisation of loaded findings: nobody in the
+# step's session holds them).
+_FINDINGS = cast(Table, FindingRow.__table__)
 _ATTACH_FINDINGS = (
-    update(FindingRow)
+    update(_FINDINGS)
     .where(
-        FindingRow.node_name == bindparam("b_node_name"),
-        FindingRow.incident_id.is_(None),
-        FindingRow.resolved_at.is_(None),
+        _FINDINGS.c.node_name == bindparam("b_node_name"),
+        _FINDINGS.c.incident_id.is_(None),
+        _FINDINGS.c.resolved_at.is_(None),
     )
     .values(incident_id=bindparam("b_incident_id"))
 )
@@ -310,4 +313,4 @@ def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fle
 
 def attach_findings(session: Session, node: Node, incident: Incident) -> None:
     """Hang the node's unresolved findings that belong to no incident yet on ``incident``."""
-    session.execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})
+    session.connection().execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})
