@@ -147,7 +147,8 @@ def remediate(
         findings: this tick's findings (``healer.engine.evaluation``).
         rules: the rule set the findings came from (actions, drain options, recovery hold).
         actions: the Kubernetes adapter (or the dry-run recorder); every call is idempotent.
-        session_factory: one short transaction per node step.
+        session_factory: short transactions, committed before every cluster write (a step's record
+            and the next step's plan share one; see :meth:`Reconciler.reconcile`).
         settings: ``safety`` (budget, breaker, windows) and ``kubernetes`` (opt-out and pool
             labels, annotation domain).
         now: the tick's time (aware UTC).
