@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client as k8s
 
 from healer.actions import drain as drain_mod
+from healer.actions import rawcalls
 from healer.actions.apierrors import api_call
 from healer.actions.base import NodeRef
 from healer.actions.checkpoint import CheckpointKeys
@@ -106,36 +107,37 @@ def make_api_client(settings: KubernetesSettings) -> k8s.ApiClient:
         raise ConfigError(f"kubernetes: cannot load configuration from {where}: {exc}") from exc
 
 
-def node_view(node: k8s.V1Node) -> NodeView:
-    """The :class:`NodeView` of a client ``V1Node``."""
-    meta, spec, status = drain_mod.metadata_of(node), node.spec, node.status
-    raw_taints = (spec.taints if spec else None) or []
-    taints = tuple((t.key, t.value or "", t.effect) for t in raw_taints)
-    added = {(t.key, t.effect): _utc_iso(t.time_added) for t in raw_taints if t.time_added}
-    raw_conditions = (status.conditions if status else None) or []
-    conditions = {c.type: c.status for c in raw_conditions}
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    """The :class:`NodeView` of a Node as the API server's JSON (times normalised to
+    ``YYYY-MM-DDTHH:MM:SSZ``, as the server writes them)."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    raw_taints = spec.get("taints") or []
+    taints = tuple((t["key"], t.get("value") or "", t["effect"]) for t in raw_taints)
+    added = {(t["key"], t["effect"]): _api_time(t["timeAdded"]) for t in raw_taints if t.get("timeAdded")}
+    raw_conditions = status.get("conditions") or []
+    conditions = {c["type"]: c["status"] for c in raw_conditions}
     details = {
-        c.type: Condition(
-            status=c.status,
-            reason=c.reason or "",
-            message=c.message or "",
-            last_transition_time=_utc_iso(c.last_transition_time) if c.last_transition_time else "",
+        c["type"]: Condition(
+            status=c["status"],
+            reason=c.get("reason") or "",
+            message=c.get("message") or "",
+            last_transition_time=_api_time(c["lastTransitionTime"]) if c.get("lastTransitionTime") else "",
         )
         for c in raw_conditions
     }
     return NodeView(
-        name=str(meta.name),
-        unschedulable=bool(spec and spec.unschedulable),
-        labels=dict(meta.labels or {}),
-        annotations=dict(meta.annotations or {}),
+        name=str(meta["name"]),
+        unschedulable=bool(spec.get("unschedulable")),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
         taints=taints,
         conditions=conditions,
-        uid=meta.uid or "",
-        resource_version=meta.resource_version or "",
+        uid=meta.get("uid") or "",
+        resource_version=meta.get("resourceVersion") or "",
         condition_details=details,
         taint_added=added,
-        gpus=_gpus(node),
-        gpu_capacity=_gpus(node, field="capacity"),
+        gpus=_gpus(status),
+        gpu_capacity=_gpus(status, field="capacity"),
     )
 
 
@@ -149,17 +151,22 @@ def event_name(regarding: str) -> str:
     return regarding[: 253 - len(suffix)] + suffix
 
 
-def _gpus(node: k8s.V1Node, *, field: str = "allocatable") -> int | None:
+def _gpus(status: Mapping[str, Any], *, field: str = "allocatable") -> int | None:
     """``nvidia.com/gpu`` of the node's ``status.allocatable`` (or ``status.capacity``: the kubelet
     counts a device the plugin reports unhealthy in capacity, not in allocatable); 0 when the node
     reports the field without it, None when it reports no such field."""
-    resources = getattr(node.status, field) if node.status else None
+    resources = status.get(field)
     if not resources:
         return None
     try:
         return int(str(resources.get(GPU_RESOURCE, "0")))
     except ValueError:
         return None
+
+
+def _api_time(at: str) -> str:
+    """An RFC 3339 time from the API server as ``YYYY-MM-DDTHH:MM:SSZ`` (UTC, whole seconds)."""
+    return _utc_iso(datetime.fromisoformat(at))
 
 
 def _utc_iso(at: datetime) -> str:
@@ -192,22 +199,32 @@ class KubernetesNodeActions:
         self.settings = settings
         self.identity = identity
         self.clock = clock
+        self.api = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.policy = k8s.PolicyV1Api(api_client)
-        self.events = k8s.EventsV1Api(api_client)
         self.keys = OwnershipKeys.for_domain(settings.domain)
         self.taint_key = f"{settings.domain}/quarantined"
         self._timeout = settings.request_timeout_seconds
 
     # -- reads --
 
-    def _read(self, name: str) -> k8s.V1Node:
-        with api_call(f"read node {name}"):
-            return self.core.read_node(name, _request_timeout=self._timeout)
+    def _call(
+        self, what: str, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> dict[str, Any]:
+        """One request through the client's transport, answered as JSON (:mod:`.rawcalls`)."""
+        with api_call(what):
+            return rawcalls.call(
+                self.api, method, path, body=body, content_type=content_type, timeout=self._timeout
+            )
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        """Every Node in the cluster as JSON (one list call, no model objects built)."""
+        items: list[dict[str, Any]] = self._call("list nodes", "GET", "/api/v1/nodes").get("items") or []
+        return items
 
     def read_node(self, name: str) -> NodeView:
         """The node as the API server has it now. Raises ``KubernetesNotFound`` when it is gone."""
-        return node_view(self._read(name))
+        return node_view(self._call(f"read node {name}", "GET", f"/api/v1/nodes/{name}"))
 
     def node_pools(self) -> dict[str, str]:
         """Every node in the cluster → its pool (:func:`~healer.model.node.pool_of`: ``pool_label``,
@@ -215,33 +232,29 @@ class KubernetesNodeActions:
 
         Sizes the remediation budget's percentage and the circuit breaker's fleet (one list call).
         """
-        with api_call("list nodes"):
-            nodes = self.core.list_node(_request_timeout=self._timeout)
         labels = (self.settings.pool_label, *self.settings.pool_fallback_labels)
         pools: dict[str, str] = {}
-        for n in nodes.items:
-            meta = n.metadata
-            if meta is not None and meta.name:
-                pools[meta.name] = pool_of(meta.labels or {}, _gpus(n), pool_labels=labels)
+        for n in self._nodes():
+            meta = n.get("metadata") or {}
+            if meta.get("name"):
+                pools[meta["name"]] = pool_of(
+                    meta.get("labels") or {}, _gpus(n.get("status") or {}), pool_labels=labels
+                )
         return pools
 
     def node_labels(self) -> dict[str, dict[str, str]]:
         """Every node in the cluster → its labels (one list call): the members of the pools rules
         name by ``pool.node_selector``."""
-        with api_call("list nodes"):
-            nodes = self.core.list_node(_request_timeout=self._timeout)
         return {
-            n.metadata.name: dict(n.metadata.labels or {})
-            for n in nodes.items
-            if n.metadata and n.metadata.name
+            meta["name"]: dict(meta.get("labels") or {})
+            for n in self._nodes()
+            if (meta := n.get("metadata") or {}).get("name")
         }
 
     def owned_nodes(self) -> list[NodeView]:
         """Every node carrying healer's marks now: an ownership annotation or healer's taint (one
         list call). The ownership reconcile compares them with the database."""
-        with api_call("list nodes"):
-            nodes = self.core.list_node(_request_timeout=self._timeout)
-        views = [node_view(n) for n in nodes.items]
+        views = [node_view(n) for n in self._nodes()]
         keys = set(self.keys.all())
         return [
             v for v in views if keys & set(v.annotations) or any(t[0] == self.taint_key for t in v.taints)
@@ -249,9 +262,7 @@ class KubernetesNodeActions:
 
     def list_nodes(self) -> list[NodeView]:
         """Every node in the cluster now (one list call): the Kueue quota sync counts their GPUs."""
-        with api_call("list nodes"):
-            nodes = self.core.list_node(_request_timeout=self._timeout)
-        return [node_view(n) for n in nodes.items]
+        return [node_view(n) for n in self._nodes()]
 
     def human_uncordoned(self, name: str) -> bool:
         """Read the node: did a human uncordon it after healer cordoned it?"""
@@ -287,7 +298,7 @@ class KubernetesNodeActions:
                 return view
             body.setdefault("metadata", {})["resourceVersion"] = view.resource_version
             try:
-                return node_view(self._patch(view.name, body, _what(change)))
+                return self._patch(view.name, body, _what(change))
             except KubernetesConflict:
                 if attempt + 1 == CONFLICT_ATTEMPTS:
                     raise
@@ -344,7 +355,7 @@ class KubernetesNodeActions:
         wanted = {k: v for k, v in annotations.items() if view.annotations.get(k) != v}
         if not wanted:
             return view
-        return node_view(self._patch(view.name, {"metadata": {"annotations": wanted}}, what))
+        return self._patch(view.name, {"metadata": {"annotations": wanted}}, what)
 
     def cordon(self, node: NodeRef, ownership: Ownership) -> NodeView:
         """:meth:`edit` with a cordon only."""
@@ -354,17 +365,11 @@ class KubernetesNodeActions:
         """:meth:`edit` with healer's taint only."""
         return self.edit(node, NodeEdit(taint=(value, effect)))
 
-    def _patch(self, name: str, body: dict[str, Any], what: str) -> k8s.V1Node:
-        with api_call(f"{what} node {name}"):
-            return self.core.patch_node(
-                name, body, _content_type=STRATEGIC_MERGE, _request_timeout=self._timeout
-            )
-
-    def _patch_status(self, name: str, body: dict[str, Any], what: str) -> k8s.V1Node:
-        with api_call(f"{what} node {name} (status)"):
-            return self.core.patch_node_status(
-                name, body, _content_type=STRATEGIC_MERGE, _request_timeout=self._timeout
-            )
+    def _patch(self, name: str, body: dict[str, Any], what: str, *, subresource: str = "") -> NodeView:
+        """One strategic-merge patch of the node (or its ``/status``); the node as answered."""
+        path = f"/api/v1/nodes/{name}" + (f"/{subresource}" if subresource else "")
+        where = f" ({subresource})" if subresource else ""
+        return node_view(self._call(f"{what} node {name}{where}", "PATCH", path, body, STRATEGIC_MERGE))
 
     def set_condition(
         self, node: NodeRef, *, healthy: bool, reason: str, message: str, now: datetime
@@ -392,8 +397,8 @@ class KubernetesNodeActions:
             "lastTransitionTime": transition,
             "lastHeartbeatTime": _utc_iso(now),
         }
-        answer = self._patch_status(view.name, {"status": {"conditions": [condition]}}, "set condition on")
-        return node_view(answer)
+        body = {"status": {"conditions": [condition]}}
+        return self._patch(view.name, body, "set condition on", subresource="status")
 
     def event(
         self, node: NodeRef, *, reason: str, message: str, warning: bool = True, now: datetime | None = None
@@ -420,12 +425,8 @@ class KubernetesNodeActions:
             "reportingInstance": self.identity,
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": view.uid},
         }
-        with api_call(f"record event {reason} on node {name}"):
-            self.events.create_namespaced_event(
-                EVENT_NAMESPACE,
-                body,  # type: ignore[arg-type]
-                _request_timeout=self._timeout,
-            )
+        path = f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events"
+        self._call(f"record event {reason} on node {name}", "POST", path, body, "application/json")
 
     def drain_step(
         self, node: NodeRef, *, started_at: datetime, now: datetime, options: DrainOptions

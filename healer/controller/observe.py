@@ -8,6 +8,8 @@ the notifications already sent) and this tick's findings into :class:`~healer.en
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -52,6 +54,20 @@ def read(actions: NodeActions, name: str) -> Seen:
         return Seen(None, error=str(exc))
 
 
+#: Node reads a pass keeps in flight at once (independent GETs; the API server serves them in
+#: parallel, and the client's connection pool holds 5 per CPU).
+READS_IN_FLIGHT = 8
+
+
+def read_all(actions: NodeActions, names: Sequence[str]) -> dict[str, Seen]:
+    """:func:`read` of every node in ``names``, up to :data:`READS_IN_FLIGHT` at a time (a pass
+    waits for the slowest few reads, not for the sum of them)."""
+    if len(names) < 2:
+        return {name: read(actions, name) for name in names}
+    with ThreadPoolExecutor(max_workers=READS_IN_FLIGHT, thread_name_prefix="healer-read") as pool:
+        return dict(zip(names, pool.map(lambda name: read(actions, name), names), strict=True))
+
+
 @dataclass(frozen=True)
 class Labels:
     """Where healer reads its per-node switches: the opt-out and pool labels, the annotation domain."""
@@ -75,12 +91,25 @@ class Labels:
 
 
 @dataclass
+class Rows:
+    """The node's row and open incident as the current transaction holds them (read or written by
+    an earlier stage of the same transaction, so a later stage does not SELECT them again), and the
+    incident's ticket status once read there (``ticket_read``)."""
+
+    node: Node
+    incident: Incident | None
+    ticket: TicketStatus | None = None
+    ticket_read: bool = False
+
+
+@dataclass
 class Observation:
     """One node's row, open incident and lifecycle facts, read in the reconcile's transaction."""
 
     node: Node
     incident: Incident | None
     facts: lc.NodeFacts
+    rows: Rows
 
     @property
     def drain_options(self) -> DrainOptions:
@@ -103,31 +132,48 @@ def observe(
     drain_due: bool = False,
     drain: DrainReport | None = None,
     sticky_rules: frozenset[str] = frozenset(),
+    rows: Rows | None = None,
+    attached: set[int] | None = None,
+    notices: bool = True,
 ) -> Observation:
     """The node's facts now. A non-healthy node without an open incident gets one (its record needs
     one); the node's unattached findings are hung on the open incident. Findings of ``sticky_rules``
-    still at their value seen at repair time are left out (:mod:`healer.engine.sticky`)."""
+    still at their value seen at repair time are left out (:mod:`healer.engine.sticky`).
+
+    ``rows``: the node's row and open incident as this transaction already holds them (not read
+    again; the incident's ticket status once read is kept there). ``attached``: the incidents whose
+    findings this pass has hung on them already (not updated again; the ids added here are added).
+    ``notices``: whether the notifications already sent are read (only :func:`lifecycle.notices
+    <healer.engine.lifecycle.notices>` needs them).
+    """
     view = seen.view
-    node = repo.get_or_create_node(session, name, now=now, pool=labels.pool(view))
-    if view is not None:
-        node.pool = labels.pool(view)
-    incident = repo.open_incident(session, node)
+    if rows is None:
+        rows = Rows(*repo.node_and_open_incident(session, name, now=now, pool=labels.pool(view)))
+    node = rows.node
+    if view is not None and node.pool != (pool := labels.pool(view)):
+        node.pool = pool
+    incident = rows.incident
     if incident is None and node.state not in (NodeState.HEALTHY, NodeState.UNKNOWN):
-        incident = repo.new_incident(session, node, now=now, summary=f"node {node.name}: {node.state}")
-    if incident is not None:
+        incident = rows.incident = repo.new_incident(
+            session, node, now=now, summary=f"node {node.name}: {node.state}"
+        )
+        rows.ticket, rows.ticket_read = None, True
+    if incident is not None and (attached is None or incident.id not in attached):
         repo.attach_findings(session, node, incident)
+        if attached is not None:
+            attached.add(incident.id)
     firing: tuple[Finding, ...] = ()
     pending: tuple[Finding, ...] = ()
     recorded: tuple[Finding, ...] = ()
     if findings is not None:
         firing, pending = sticky_values.current(session, node, incident, findings, sticky_rules)
     elif node.state == NodeState.DRAINING:  # the drain pass: a ladder starts on the recorded ones
-        rows = open_findings(session, node=node.name)
-        recorded = tuple(f for f in map(finding_from_row, rows) if f.state == FindingState.FIRING)
+        stored = open_findings(session, node=node.name)
+        recorded = tuple(f for f in map(finding_from_row, stored) if f.state == FindingState.FIRING)
     facts = lc.NodeFacts(
         name=node.name,
         state=NodeState(node.state),
-        incident=_incident_facts(session, incident),
+        incident=_incident_facts(session, rows),
         firing=firing,
         pending=pending,
         unknown=bool(findings and name in findings.unknown),
@@ -136,7 +182,7 @@ def observe(
         deleted=seen.deleted,
         drain_due=drain_due,
         drain=drain,
-        notified=_notified(session, node),
+        notified=_notified(session, node) if notices else frozenset(),
         owned=labels.owned(view),
         repair_result=RepairResult.parse(view.annotations.get(result_key(labels.domain))) if view else None,
         repeat_parts=(
@@ -146,7 +192,7 @@ def observe(
         ),
         recorded_firing=recorded,
     )
-    return Observation(node=node, incident=incident, facts=facts)
+    return Observation(node=node, incident=incident, facts=facts, rows=rows)
 
 
 # Statements run once per node step, built once (their parameters bound per call).
@@ -159,11 +205,14 @@ _TICKET_STATUS = (
 _NOTIFIED = select(Action.detail).where(Action.node_id == bindparam("node_id"), Action.kind == "notify")
 
 
-def _incident_facts(session: Session, incident: Incident | None) -> lc.IncidentFacts | None:
+def _incident_facts(session: Session, rows: Rows) -> lc.IncidentFacts | None:
+    incident = rows.incident
     if incident is None:
         return None
-    status = session.scalar(_TICKET_STATUS, {"incident_id": incident.id})
-    return incident_facts(incident, ticket=TicketStatus(status) if status else None)
+    if not rows.ticket_read:
+        status = session.scalar(_TICKET_STATUS, {"incident_id": incident.id})
+        rows.ticket, rows.ticket_read = (TicketStatus(status) if status else None), True
+    return incident_facts(incident, ticket=rows.ticket)
 
 
 def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) -> lc.IncidentFacts:

@@ -31,7 +31,7 @@ from healer.controller import fleet as fleet_facts
 from healer.controller import repair, sticky_values
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence
-from healer.controller.observe import Labels, Seen, read
+from healer.controller.observe import Labels, Seen, read_all
 from healer.controller.reconcile import NodeOutcome, Reconciler
 from healer.engine import pools as engine_pools
 from healer.engine import safety
@@ -147,7 +147,8 @@ def remediate(
         findings: this tick's findings (``healer.engine.evaluation``).
         rules: the rule set the findings came from (actions, drain options, recovery hold).
         actions: the Kubernetes adapter (or the dry-run recorder); every call is idempotent.
-        session_factory: one short transaction per node step.
+        session_factory: short transactions, committed before every cluster write (a step's record
+            and the next step's plan share one; see :meth:`Reconciler.reconcile`).
         settings: ``safety`` (budget, breaker, windows) and ``kubernetes`` (opt-out and pool
             labels, annotation domain).
         now: the tick's time (aware UTC).
@@ -191,7 +192,7 @@ def remediate(
         if fleet:
             repo.sync_nodes(session, fleet, now=now, fleet_wide=True)
         names = fleet_facts.candidates(session, findings)
-    seen = {name: read(actions, name) for name in names if not backoff.waiting(name, now)}
+    seen = read_all(actions, [name for name in names if not backoff.waiting(name, now)])
     with transaction(session_factory) as session:
         pools = {name: rec.labels.pool(s.view) for name, s in seen.items() if s.view is not None}
         pools = {name: pool for name, pool in pools.items() if not fleet or fleet.get(name) != pool}
@@ -331,7 +332,7 @@ def advance_drains(
         result.breaker_tripped = bool(repo.get_switch(session, repo.SWITCH_BREAKER).get("tripped"))
     result.paused = paused
     state = safety.SafetyState(settings=settings.safety.limits(), now=now, paused=paused)
-    seen = {name: read(actions, name) for name in names if not backoff.waiting(name, now)}
+    seen = read_all(actions, [name for name in names if not backoff.waiting(name, now)])
     states = dict.fromkeys(names, NodeState.DRAINING.value)
     _reconcile_all(rec, names, seen, state, result, backoff, states, max_steps=2, drain_due=True)
     return result

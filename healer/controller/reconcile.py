@@ -8,11 +8,14 @@
                               ▲                                              │ last write left it
                               └──────────────────────────────────────────────┘
 
-Each step is short: one transaction observes, decides and judges (a refusal is recorded there);
-the Kubernetes effects run with no transaction open; one transaction records the step. The
-effects run before the record and are idempotent, so a crash in between repeats them harmlessly
-next time instead of leaving the database claiming a cordon that never happened (which would
-read as a human uncordon).
+Each step is short: observe, decide and judge run in a transaction (a refusal is recorded there);
+the Kubernetes effects run with no transaction open; the record follows in a transaction. A
+step's record and the next step's plan share one transaction, and a step with no cluster write is
+recorded in the transaction that planned it: the transaction is committed before every cluster
+write and at the end, so a node going healthy → suspect → quarantined → awaiting_repair in one
+pass takes two transactions, not seven. The effects run before the record and are idempotent, so
+a crash in between repeats them harmlessly next time instead of leaving the database claiming a
+cordon that never happened (which would read as a human uncordon).
 
 Crash consistency: the step's intent (step, from, to, holder, fencing number) is written to the
 node's row in the transaction that decides it, before the first cluster write; the record clears
@@ -44,7 +47,7 @@ from healer.actions.validation import Validator
 from healer.controller import sticky_values
 from healer.controller.apply import Applied, DrainPlan, apply
 from healer.controller.fence import Fence
-from healer.controller.observe import Labels, Observation, Seen, observe
+from healer.controller.observe import Labels, Observation, Rows, Seen, observe
 from healer.controller.record import Recorder
 from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
@@ -57,7 +60,7 @@ from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
 from healer.ruleset.schema import RuleSet
 from healer.ruleset.xid_catalog import XidCatalog
 from healer.store import nodes as repo
-from healer.store.session import transaction
+from healer.store.session import LazyTransaction, transaction
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +132,8 @@ class Reconciler:
             validate_with_job=self.validator is not None,
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
+        self._attached: set[int] = set()  # incidents whose findings this pass attached
+        self._notifies = lc.notifies(self.rules)
         self.record = Recorder(
             actor=self.actor,
             now=self.now,
@@ -150,30 +155,66 @@ class Reconciler:
 
         ``drain_due`` (the drain pass) lets a draining node take one drain round, then the step its
         report calls for. Returns the safety state (budget used so far) and the node's outcome.
+
+        Transactions: a step's record and the next step's plan share one, and a step that writes
+        nothing to the cluster is recorded in the transaction that planned it; the transaction is
+        committed before every cluster write (so the step's intent is durable first) and at the
+        end. So a node going healthy → quarantined → awaiting_repair in one pass takes two.
         """
+        run = _Run(self.sessions, self.fence)
+        try:
+            state, outcome = self._steps(run, name, state, seen, max_steps=max_steps, drain_due=drain_due)
+        except BaseException:
+            run.rollback()
+            raise
+        self._commit(run)
+        return state, outcome
+
+    def _steps(
+        self,
+        run: _Run,
+        name: str,
+        state: safety.SafetyState,
+        seen: Seen,
+        *,
+        max_steps: int,
+        drain_due: bool,
+    ) -> tuple[safety.SafetyState, NodeOutcome]:
         outcome: NodeOutcome | None = None
         report: DrainReport | None = None
         for i in range(max_steps):
-            plan, state = self._plan(name, seen, state, notices=i == 0, drain_due=drain_due, report=report)
+            plan, state = self._plan(
+                run, name, seen, state, notices=i == 0, drain_due=drain_due, report=report
+            )
             outcome = outcome or NodeOutcome(name, plan.from_state, None)
-            for notice in plan.notices:
-                self._notify(name, seen, notice)
+            if plan.notices:
+                self._commit(run)
+                for notice in plan.notices:
+                    self._notify(name, seen, notice)
             step = plan.step
             if step is None:
                 return state, outcome
             if plan.refusal is not None:
                 to = NodeState.BLOCKED.value if plan.blocked else outcome.to_state
                 return state, replace(outcome, to_state=to, step=step.row, refused=str(plan.refusal.reason))
+            if seen.view is not None and step.effects:
+                self._commit(run)  # the step's intent is durable before its first cluster write
+                try:
+                    applied = self._apply(seen, plan)
+                except KubernetesNotFound:
+                    seen, report = Seen(None, deleted=True), None
+                    continue
+            else:
+                applied = Applied(view=seen.view)  # nothing to write to the cluster
+                if run.txn.records and not run.txn.holds_write:
+                    self._commit(run)  # a stale transition must not roll back an earlier record
             try:
-                applied = self._apply(seen, plan)
-            except KubernetesNotFound:
-                seen, report = Seen(None, deleted=True), None
-                continue
-            try:
-                self._record(name, plan, applied)
+                self._record(run, name, plan, applied)
             except StaleState as exc:
                 log.warning("%s", exc)
-                self._record_effects(name, plan, applied)  # what was done is audited all the same
+                run.rollback()
+                self._record_effects(run, name, plan, applied)  # what was done is audited all the same
+                self._commit(run)
                 return state, replace(outcome, step=step.row, refused="stale")
             if applied.error is not None:
                 return state, replace(outcome, step=step.row, error=applied.error)
@@ -186,10 +227,18 @@ class Reconciler:
         assert outcome is not None
         return state, outcome
 
+    def _commit(self, run: _Run) -> None:
+        """Commit the reconcile's open transaction; the incidents it attached findings to count as
+        attached for the rest of the pass."""
+        run.txn.commit()
+        self._attached |= run.attached
+        run.attached, run.rows = set(), None
+
     # -- the stages --
 
     def _plan(
         self,
+        run: _Run,
         name: str,
         seen: Seen,
         state: safety.SafetyState,
@@ -198,49 +247,54 @@ class Reconciler:
         drain_due: bool,
         report: DrainReport | None,
     ) -> tuple[_Plan, safety.SafetyState]:
-        """Observe → decide → judge, in one transaction (a refusal is recorded there)."""
-        with transaction(self.sessions) as session:
-            self.fence.check_db(session)
-            obs = observe(
-                session,
-                name,
-                seen,
-                labels=self.labels,
-                findings=self.findings,
-                now=self.now,
-                drain_due=drain_due,
-                drain=report,
-                sticky_rules=self.sticky_rules,
-            )
-            obs.facts = self._with_validation(obs.facts)
-            wanted = lc.notices(obs.facts, self.ctx) if notices else []
-            approved, state = self._judge_notices(session, obs, wanted, state)
-            plan = _Plan(
-                from_state=obs.node.state,
-                step=lc.decide(obs.facts, self.ctx),
-                notices=approved,
-                incident_id=obs.incident.id if obs.incident else None,
-                drain=DrainPlan(
-                    started_at=(obs.incident.drain_started_at if obs.incident else None) or self.now,
-                    options=obs.drain_options,
-                ),
-            )
-            if plan.step is not None:
-                decision, state = safety.judge(self._request(obs, plan.step), state)
-                if not decision.approved:
-                    plan.refusal = decision
-                    plan.blocked = self.record.refusal(session, obs.node, plan.step, decision)
-                    if decision.reason == safety.Refusal.BREAKER and name not in self.held:
-                        self.held.append(name)
-                elif seen.view is not None and plan.step.effects:
-                    obs.node.intent = {
-                        "step": plan.step.row,
-                        "from": plan.from_state,
-                        "to": str(plan.step.to) if plan.step.to else None,
-                        "holder": self.fence.holder,
-                        "fencing_token": self.fence.token,
-                        "at": self.now.isoformat(),
-                    }
+        """Observe → decide → judge, in the open transaction (a refusal is recorded there)."""
+        session = run.txn.session()
+        obs = observe(
+            session,
+            name,
+            seen,
+            labels=self.labels,
+            findings=self.findings,
+            now=self.now,
+            drain_due=drain_due,
+            drain=report,
+            sticky_rules=self.sticky_rules,
+            rows=run.rows,
+            attached=self._attached | run.attached,
+            notices=notices and self._notifies,
+        )
+        if obs.incident is not None:
+            run.attached.add(obs.incident.id)
+        run.rows = obs.rows
+        obs.facts = self._with_validation(obs.facts)
+        wanted = lc.notices(obs.facts, self.ctx) if notices else []
+        approved, state = self._judge_notices(session, obs, wanted, state)
+        plan = _Plan(
+            from_state=obs.node.state,
+            step=lc.decide(obs.facts, self.ctx),
+            notices=approved,
+            incident_id=obs.incident.id if obs.incident else None,
+            drain=DrainPlan(
+                started_at=(obs.incident.drain_started_at if obs.incident else None) or self.now,
+                options=obs.drain_options,
+            ),
+        )
+        if plan.step is not None:
+            decision, state = safety.judge(self._request(obs, plan.step), state)
+            if not decision.approved:
+                plan.refusal = decision
+                plan.blocked = self.record.refusal(session, obs.node, plan.step, decision)
+                if decision.reason == safety.Refusal.BREAKER and name not in self.held:
+                    self.held.append(name)
+            elif seen.view is not None and plan.step.effects:
+                obs.node.intent = {
+                    "step": plan.step.row,
+                    "from": plan.from_state,
+                    "to": str(plan.step.to) if plan.step.to else None,
+                    "holder": self.fence.holder,
+                    "fencing_token": self.fence.token,
+                    "at": self.now.isoformat(),
+                }
         return plan, state
 
     def _apply(self, seen: Seen, plan: _Plan) -> Applied:
@@ -261,34 +315,50 @@ class Reconciler:
             validator=self.validator,
         )
 
-    def _record(self, name: str, plan: _Plan, applied: Applied) -> None:
-        """The step (or its failure) in one transaction; a drain round updates the drain's row."""
+    def _rows(self, run: _Run, name: str) -> tuple[Session, Rows]:
+        """The open transaction and the node's rows in it (read when this transaction has not)."""
+        session = run.txn.session()
+        if run.rows is None:
+            run.rows = Rows(*repo.node_and_open_incident(session, name, now=self.now))
+        return session, run.rows
+
+    def _record(self, run: _Run, name: str, plan: _Plan, applied: Applied) -> None:
+        """The step (or its failure) in the open transaction; a drain round updates the drain's row."""
         step = plan.step
         assert step is not None
         firing = list(self.findings.firing.get(name, ())) if self.findings else []
-        with transaction(self.sessions) as session:
-            self.fence.check_db(session)
-            node = repo.get_or_create_node(session, name, now=self.now)
-            # Clear this step's own intent; one a dead process left waits for the ownership reconcile.
-            intent = node.intent or {}
-            if (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat()):
-                node.intent = None
-            done = applied.done
-            if any(isinstance(e, lc.DrainStep) for e in step.effects):
-                self.record.drain_progress(session, node, error=applied.error, report=applied.drain)
-                done = [d for d in done if d.kind != "drainstep"]  # the drain's row holds the round
-            if applied.error is not None:
-                self.record.effects(session, node, repo.open_incident(session, node), done, step)
-            else:
-                self.record.step(session, node, step, done, firing=firing, expect=plan.from_state)
+        session, rows = self._rows(run, name)
+        node = rows.node
+        # Clear this step's own intent; one a dead process left waits for the ownership reconcile.
+        intent = node.intent or {}
+        ours = (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat())
+        if ours and applied.error is not None:
+            node.intent = None
+        done = applied.done
+        if any(isinstance(e, lc.DrainStep) for e in step.effects):
+            self.record.drain_progress(session, node, error=applied.error, report=applied.drain)
+            done = [d for d in done if d.kind != "drainstep"]  # the drain's row holds the round
+        run.txn.records += 1
+        if applied.error is not None:
+            self.record.effects(session, node, rows.incident, done, step)
+        else:
+            self.record.step(
+                session,
+                rows,
+                step,
+                done,
+                firing=firing,
+                expect=plan.from_state,
+                attached=run.attached,
+                clear_intent=ours,
+            )
+            run.txn.holds_write = run.txn.holds_write or step.to is not None
 
-    def _record_effects(self, name: str, plan: _Plan, applied: Applied) -> None:
+    def _record_effects(self, run: _Run, name: str, plan: _Plan, applied: Applied) -> None:
         """Only the audit rows of the effects performed (a step whose transition went stale)."""
         assert plan.step is not None
-        with transaction(self.sessions) as session:
-            self.fence.check_db(session)
-            node = repo.get_or_create_node(session, name, now=self.now)
-            self.record.effects(session, node, repo.open_incident(session, node), applied.done, plan.step)
+        session, rows = self._rows(run, name)
+        self.record.effects(session, rows.node, rows.incident, applied.done, plan.step)
 
     # -- helpers --
 
@@ -354,3 +424,17 @@ class Reconciler:
             self.fence.check_db(session)
             node = repo.get_or_create_node(session, name, now=self.now)
             self.record.effects(session, node, repo.open_incident(session, node), applied.done, notice)
+
+
+class _Run:
+    """One reconcile's open transaction, the node's rows in it, and the incidents whose findings it
+    attached (they count as attached for the pass once committed)."""
+
+    def __init__(self, sessions: sessionmaker[Session], fence: Fence) -> None:
+        self.txn = LazyTransaction(sessions, fence.check_db)
+        self.rows: Rows | None = None
+        self.attached: set[int] = set()
+
+    def rollback(self) -> None:
+        self.txn.rollback()
+        self.rows, self.attached = None, set()

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.controller.apply import Done
-from healer.controller.observe import incident_facts, recorded_findings
+from healer.controller.observe import Rows, incident_facts, recorded_findings
 from healer.engine import lifecycle as lc
 from healer.engine import safety
 from healer.model.drain import DrainReport
@@ -36,28 +36,42 @@ class Recorder:
     def step(
         self,
         session: Session,
-        node: Node,
+        rows: Rows,
         step: lc.Step,
         done: Sequence[Done],
         *,
         firing: list[Finding],
         expect: str | None = None,
+        attached: set[int] | None = None,
+        clear_intent: bool = False,
     ) -> None:
         """Incident changes, memory, drain start, audit rows, tickets, transition.
 
+        ``rows``: the node's row and open incident as the caller's transaction holds them; updated
+        to what the step leaves (the incident it opened, None when it closed it). ``attached``: the
+        incidents whose findings this pass has attached (an incident opened here is added).
+
         ``expect``: the state the step was decided from (the transition is a compare-and-set on
         it; ``StaleState`` when the node moved meanwhile, and the caller's transaction rolls back).
+        ``clear_intent``: clear the node's ``intent`` (with the transition's UPDATE when it has one).
         """
         now = self.now
-        incident = repo.open_incident(session, node)
+        node, incident = rows.node, rows.incident
+        if clear_intent and step.to is None:
+            node.intent = None
         if step.new_incident and incident is not None:
-            repo.close_incident(session, node, now=now, reason=step.close_incident or "superseded")
+            _close(incident, now=now, reason=step.close_incident or "superseded")
             session.flush()
             incident = None
         if incident is None and (step.open_incident or step.new_incident):
-            incident = repo.new_incident(session, node, now=now, summary=step.reason)
+            incident = repo.new_incident(
+                session, node, now=now, summary=step.reason, before_insert=lambda i: _remember(i, step)
+            )
             repo.attach_findings(session, node, incident)
-        if incident is not None:
+            rows.ticket, rows.ticket_read = None, True
+            if attached is not None:
+                attached.add(incident.id)
+        elif incident is not None:
             _remember(incident, step)
         for effect in step.effects:
             if isinstance(effect, lc.StartDrain) and incident is not None:
@@ -79,6 +93,7 @@ class Recorder:
             from healer.tickets.outbox import request_ticket
 
             evidence = firing or recorded_findings(session, node, incident)
+            rows.ticket_read = False  # the outbox row just written has a status
             for t in tickets:
                 request_ticket(
                     session,
@@ -102,28 +117,36 @@ class Recorder:
                 expect=expect,
                 holder=self.holder,
                 fencing_token=self.fencing_token,
+                clear_intent=clear_intent,
             )
-        if step.close_incident is not None and not step.new_incident:
-            repo.close_incident(session, node, now=now, reason=step.close_incident)
+        if step.close_incident is not None and not step.new_incident and incident is not None:
+            _close(incident, now=now, reason=step.close_incident)
+            incident = None
+        rows.incident = incident
 
     def effects(
         self, session: Session, node: Node, incident: Incident | None, done: Sequence[Done], step: lc.Step
     ) -> None:
-        """One audit row per effect performed (and one for the effect that failed)."""
-        for d in done:
-            if self.audited and d.kind != "notify" and d.error is None:
-                continue
-            repo.record_action(
-                session,
-                kind=d.kind,
-                status=d.status,
-                actor=self.actor,
-                now=self.now,
-                node=node,
-                incident=incident,
-                error=d.error,
-                detail={**d.detail, "step": step.row},
-            )
+        """One audit row per effect performed (and one for the effect that failed), in one INSERT."""
+        repo.insert_actions(
+            session,
+            [
+                repo.record_action(
+                    session,
+                    add=False,
+                    kind=d.kind,
+                    status=d.status,
+                    actor=self.actor,
+                    now=self.now,
+                    node=node,
+                    incident=incident,
+                    error=d.error,
+                    detail={**d.detail, "step": step.row},
+                )
+                for d in done
+                if not (self.audited and d.kind != "notify" and d.error is None)
+            ],
+        )
 
     def refusal(self, session: Session, node: Node, step: lc.Step, decision: safety.Decision) -> bool:
         """Record a refused step once per reason while the node stays in its state; a refusal that
@@ -219,6 +242,11 @@ class Recorder:
                 detail["refused"] = dict(report.refused)
                 row.error = "drain blocked" if report.blocked else "drain refused"
         row.detail = detail
+
+
+def _close(incident: Incident, *, now: datetime, reason: str) -> None:
+    incident.closed_at = now
+    incident.close_reason = reason
 
 
 def _remember(incident: Incident, step: lc.Step) -> None:

@@ -1267,6 +1267,12 @@ def decide(facts: NodeFacts, ctx: Context) -> Step | None:
     return None
 
 
+def notifies(rules: RuleSet) -> bool:
+    """Whether any rule ``notify``s (otherwise :func:`notices` is always empty and the notifications
+    already sent need not be read)."""
+    return any(_action(rule, NotifyAction) is not None for rule in rules.rules)
+
+
 def notices(facts: NodeFacts, ctx: Context) -> list[Step]:
     """Events for rules that ``notify``, once per finding episode (key: series and firing time).
 

@@ -6,11 +6,11 @@ Times are aware UTC and passed in (``now``), never read here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -36,26 +36,62 @@ _NODE_BY_NAME = select(Node).where(Node.name == bindparam("name"))
 _OPEN_INCIDENT = select(Incident).where(
     Incident.node_id == bindparam("node_id"), Incident.closed_at.is_(None)
 )
+_NODE_AND_OPEN_INCIDENT = (
+    select(Node, Incident)
+    .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+    .where(Node.name == bindparam("name"))
+)
+# In Core on the session's connection (no ORM synchronisation of loaded findings: nobody in the
+# step's session holds them).
+_FINDINGS = cast(Table, FindingRow.__table__)
 _ATTACH_FINDINGS = (
-    update(FindingRow)
+    update(_FINDINGS)
     .where(
-        FindingRow.node_name == bindparam("b_node_name"),
-        FindingRow.incident_id.is_(None),
-        FindingRow.resolved_at.is_(None),
+        _FINDINGS.c.node_name == bindparam("b_node_name"),
+        _FINDINGS.c.incident_id.is_(None),
+        _FINDINGS.c.resolved_at.is_(None),
     )
     .values(incident_id=bindparam("b_incident_id"))
 )
 
 
+# The compare-and-set of a transition and the transition row's INSERT, in Core on the session's
+# connection (no ORM bookkeeping: the caller's row object takes the values written through
+# ``set_committed_value``, and nobody reads the transition row's id back).
+_NODES, _TRANSITIONS, _ACTIONS = (cast(Table, m.__table__) for m in (Node, Transition, Action))
+_MOVE_IF = (
+    update(_NODES)
+    .where(_NODES.c.id == bindparam("b_id"), _NODES.c.state == bindparam("b_expect"))
+    .values(state=bindparam("b_state"), state_since=bindparam("b_at"), updated_at=bindparam("b_at"))
+)
+# The same, clearing the step's intent in the same statement.
+_MOVE_IF_CLEARING = _MOVE_IF.values(intent=bindparam("b_intent"))
+_INSERT_TRANSITION = insert(_TRANSITIONS)
+_INSERT_ACTIONS = insert(_ACTIONS)
+
+
 def get_or_create_node(session: Session, name: str, *, now: datetime, pool: str = "default") -> Node:
     """The node row for ``name``, created healthy if new."""
     node = session.scalar(_NODE_BY_NAME, {"name": name})
-    if node is None:
-        node = Node(
-            name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
-        )
-        session.add(node)
-        session.flush()
+    return node if node is not None else _create_node(session, name, now=now, pool=pool)
+
+
+def node_and_open_incident(
+    session: Session, name: str, *, now: datetime, pool: str = "default"
+) -> tuple[Node, Incident | None]:
+    """:func:`get_or_create_node` and :func:`open_incident` in one SELECT (an outer join)."""
+    row = session.execute(_NODE_AND_OPEN_INCIDENT, {"name": name}).first()
+    if row is None:
+        return _create_node(session, name, now=now, pool=pool), None
+    return row[0], row[1]
+
+
+def _create_node(session: Session, name: str, *, now: datetime, pool: str) -> Node:
+    node = Node(
+        name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
+    )
+    session.add(node)
+    session.flush()
     return node
 
 
@@ -72,10 +108,23 @@ def ensure_incident(session: Session, node: Node, *, now: datetime, summary: str
     return incident
 
 
-def new_incident(session: Session, node: Node, *, now: datetime, summary: str) -> Incident:
+def new_incident(
+    session: Session,
+    node: Node,
+    *,
+    now: datetime,
+    summary: str,
+    before_insert: Callable[[Incident], None] | None = None,
+) -> Incident:
     """Open an incident for ``node``, whose open incident the caller has just read as none (saves
-    :func:`ensure_incident`'s second SELECT; a concurrent one violates the partial unique index)."""
+    :func:`ensure_incident`'s second SELECT; a concurrent one violates the partial unique index).
+
+    ``before_insert(incident)`` fills more columns before the INSERT (one statement, not an INSERT
+    and an UPDATE); the incident's ``id`` is not set yet when it runs.
+    """
     incident = Incident(node_id=node.id, opened_at=now, summary=summary)
+    if before_insert is not None:
+        before_insert(incident)
     session.add(incident)
     session.flush()
     return incident
@@ -102,50 +151,57 @@ def transition(
     expect: str | None = None,
     holder: str | None = None,
     fencing_token: int | None = None,
-) -> Transition:
+    clear_intent: bool = False,
+) -> None:
     """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when).
 
     ``expect``: the state the step was decided from; the move is a compare-and-set
     (``UPDATE nodes ... WHERE id = :id AND state = :expect``) and raises :class:`StaleState` when
     another writer moved the node since. ``holder`` and ``fencing_token``: the Lease holder
-    recording it and its fencing number (see ``healer.controller.fence``).
+    recording it and its fencing number (see ``healer.controller.fence``). The ``transitions`` row
+    is inserted as is (no object kept in the session). ``clear_intent``: the compare-and-set also
+    clears the node's ``intent`` (the step being recorded is the one it announced).
     """
     if incident is None:
         incident = open_incident(session, node)
+    from_state = str(expect) if expect is not None else node.state
     if expect is not None:
-        moved = session.execute(
-            update(Node)
-            .where(Node.id == node.id, Node.state == str(expect))
-            .values(state=str(to_state), state_since=now, updated_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        params = {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
+        connection = session.connection()
+        if clear_intent:
+            moved = connection.execute(_MOVE_IF_CLEARING, {**params, "b_intent": None})
+        else:
+            moved = connection.execute(_MOVE_IF, params)
         if getattr(moved, "rowcount", 1) != 1:
             raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
-    row = Transition(
-        node_id=node.id,
-        incident_id=incident.id if incident else None,
-        from_state=str(expect) if expect is not None else node.state,
-        to_state=str(to_state),
-        actor=actor,
-        reason=reason,
-        evidence=evidence,
-        at=now,
-        holder=holder,
-        fencing_token=fencing_token,
-    )
-    if expect is not None:
         # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
         # so the flush does not send the same UPDATE a second time.
         set_committed_value(node, "state", str(to_state))
         set_committed_value(node, "state_since", now)
         set_committed_value(node, "updated_at", now)
+        if clear_intent:
+            set_committed_value(node, "intent", None)
     else:
+        if clear_intent:
+            node.intent = None
         node.state = str(to_state)
         node.state_since = now
         node.updated_at = now
-    session.add(row)
-    session.flush()
-    return row
+    session.connection().execute(
+        _INSERT_TRANSITION,
+        {
+            "node_id": node.id,
+            "incident_id": incident.id if incident else None,
+            "from_state": from_state,
+            "to_state": str(to_state),
+            "actor": actor,
+            "reason": reason,
+            "evidence": evidence,
+            "at": now,
+            "holder": holder,
+            "fencing_token": fencing_token,
+        },
+    )
 
 
 def record_action(
@@ -161,11 +217,13 @@ def record_action(
     error: str | None = None,
     detail: dict[str, Any] | None = None,
     attempts: int = 0,
+    add: bool = True,
 ) -> Action:
     """Record an action taken, dry-run, refused or requested by an operator (the audit log).
 
     The row is added, not flushed: a step's rows go to the database together at its next flush
-    (one batched INSERT where the driver allows it); its ``id`` is set from then on.
+    (one batched INSERT where the driver allows it); its ``id`` is set from then on. ``add=False``:
+    the row is only built, for :func:`insert_actions`.
     """
     row = Action(
         node_id=node.id if node else None,
@@ -180,8 +238,22 @@ def record_action(
         created_at=now,
         updated_at=now,
     )
-    session.add(row)  # flushed with the step's other rows (one batched INSERT), or by the next query
+    if add:
+        session.add(row)  # flushed with the step's other rows (one batched INSERT), or by the next query
     return row
+
+
+_ACTION_COLUMNS = tuple(c.key for c in _ACTIONS.columns if c.key != "id")
+
+
+def insert_actions(session: Session, rows: Sequence[Action]) -> None:
+    """Insert audit rows built by :func:`record_action` (``add=False``) in one executemany, without
+    keeping them as objects (nobody reads their ids back): one statement on SQLite too, where the
+    ORM's flush sends one INSERT per row to learn each id."""
+    if rows:
+        session.flush()  # rows added before these keep their place (ids in the order recorded)
+        values = [{k: getattr(r, k) for k in _ACTION_COLUMNS} for r in rows]
+        session.connection().execute(_INSERT_ACTIONS, values)
 
 
 def get_switch(session: Session, name: str) -> dict[str, Any]:
@@ -241,4 +313,4 @@ def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fle
 
 def attach_findings(session: Session, node: Node, incident: Incident) -> None:
     """Hang the node's unresolved findings that belong to no incident yet on ``incident``."""
-    session.execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})
+    session.connection().execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})

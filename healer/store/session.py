@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,3 +43,58 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """One unit of work: commits on success, rolls back on error."""
     with factory() as session, session.begin():
         yield session
+
+
+class LazyTransaction:
+    """A transaction opened on first use and committed where the caller says, so consecutive
+    stages share one transaction until one of them must be durable (e.g. before a cluster write).
+
+    ``on_open(session)`` runs first in every transaction it opens (e.g. the fencing check).
+    ``holds_write`` is set by the caller once a statement of this transaction locks what a later
+    record of it depends on (a compare-and-set ``UPDATE`` of the node row).
+    """
+
+    def __init__(self, factory: sessionmaker[Session], on_open: Callable[[Session], None]) -> None:
+        self._factory = factory
+        self._on_open = on_open
+        self._session: Session | None = None
+        self.records = 0  # records written in the open transaction
+        self.holds_write = False
+
+    @property
+    def open(self) -> bool:
+        return self._session is not None
+
+    def session(self) -> Session:
+        """The open transaction's session (a new transaction when none is open)."""
+        if self._session is None:
+            session = self._factory()
+            session.begin()
+            try:
+                self._on_open(session)
+            except BaseException:
+                session.close()
+                raise
+            self._session = session
+        return self._session
+
+    def commit(self) -> None:
+        """Commit the open transaction, if any."""
+        self._end(commit=True)
+
+    def rollback(self) -> None:
+        """Roll the open transaction back, if any."""
+        self._end(commit=False)
+
+    def _end(self, *, commit: bool) -> None:
+        session, self._session = self._session, None
+        self.records, self.holds_write = 0, False
+        if session is None:
+            return
+        try:
+            if commit:
+                session.commit()
+            else:
+                session.rollback()
+        finally:
+            session.close()
