@@ -36,7 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import YAMLError
 from ruamel.yaml.events import (
     AliasEvent,
     MappingEndEvent,
@@ -65,6 +65,7 @@ from healer.ruleset.schema import (
     TaintAction,
     TicketAction,
 )
+from healer.ruleset.yaml_errors import describe_yaml_error
 
 log = logging.getLogger(__name__)
 
@@ -317,21 +318,9 @@ def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
             problems.append(RuleProblem(path, line, column, "", message))
             return None
         tree = yaml.load(text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        message = " ".join(s for s in (exc.context, exc.problem) if s) or str(exc)
-        problems.append(
-            RuleProblem(
-                path,
-                mark.line + 1 if mark else None,
-                mark.column + 1 if mark else None,
-                "",
-                f"YAML syntax error: {message}",
-            )
-        )
-        return None
     except YAMLError as exc:
-        problems.append(RuleProblem(path, None, None, "", f"YAML syntax error: {exc}"))
+        line, column, message = describe_yaml_error(exc, text)
+        problems.append(RuleProblem(path, line, column, "", message))
         return None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         # ruamel's constructors raise plain errors for explicit tags on bad values (`!!int abc`).

@@ -664,6 +664,24 @@ def test_each_mistake_is_reported_where_it_is(
     assert str(problem).startswith(f"{path}:{line}:{column}: {field + ': ' if field else ''}")
 
 
+def test_a_duplicate_key_names_the_key_and_its_first_line_not_its_values(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+        groups:
+          - name: gpu
+            rules:
+              - name: A
+                expr: up == 0
+            rules:
+              - name: B
+                expr: up == 1
+        """,
+    )
+    (problem,) = problems_of(path)
+    assert str(problem) == f"{path}:6:5: duplicate key 'rules' (first at line 3)"
+
+
 def test_three_mistakes_give_three_problems_in_file_order(tmp_path: Path) -> None:
     path = write(
         tmp_path,
