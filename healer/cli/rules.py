@@ -223,6 +223,8 @@ def test_(
 
     files = _test_files(paths)
     outcome = run(files)
+    for warning in outcome.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     for error in outcome.errors:
         typer.echo(f"error: {error}", err=True)
     for failure in outcome.failures:

@@ -14,6 +14,7 @@ A failure names the file and line of the expectation, the test, and shows expect
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,9 +22,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from healer.engine.replay import STEP_KINDS, Replay, ReplaySettings
-from healer.errors import RuleError, SourceError
+from healer.errors import SourceError
 from healer.model.findings import Finding, TickFindings
-from healer.ruleset.loading import load_ruleset
+from healer.ruleset.loading import validate_rules
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.ruletest.series import openmetrics
 from healer.ruletest.spec import ExpFindings, SpecError, TestCase, TestFile, load
@@ -50,11 +51,13 @@ class Failure:
 
 @dataclass
 class Outcome:
-    """What a run found: tests run, failures, and files that could not be run at all."""
+    """What a run found: tests run, failures, files that could not be run at all, and the rule
+    files' warnings (as ``healer rules validate`` gives them)."""
 
     tests: int = 0
     failures: list[Failure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -81,11 +84,20 @@ def run(paths: Sequence[str | Path]) -> Outcome:
     for path in paths:
         try:
             spec = load(path)
-            loaded.append((spec, load_ruleset(spec.rule_files, promtool=False)))
         except SpecError as exc:
             outcome.errors.append(str(exc))
-        except RuleError as exc:
-            outcome.errors.append(f"{path}:1: rule_files: {exc}")
+            continue
+        # The checks of `healer rules validate`, PromQL included, before any test runs.
+        checked = validate_rules(spec.rule_files)
+        outcome.warnings.extend(w for w in checked.warnings if w not in outcome.warnings)
+        if checked.ruleset is None:
+            outcome.errors.extend(str(p) for p in checked.problems)
+            continue
+        unknown = unknown_rules(spec, checked.ruleset)
+        if unknown:
+            outcome.errors.extend(unknown)
+            continue
+        loaded.append((spec, checked.ruleset))
     if not loaded:
         return outcome
     slots: list[tuple[TestFile, RuleSet, TestCase, float]] = []
@@ -105,6 +117,22 @@ def run(paths: Sequence[str | Path]) -> Outcome:
     except SourceError as exc:
         outcome.errors.append(f"cannot run the tests: {exc}")
     return outcome
+
+
+def unknown_rules(spec: TestFile, ruleset: RuleSet) -> list[str]:
+    """``file:line: exp_findings: unknown rule 'X' (did you mean 'Y'?)`` for each expectation
+    naming a rule that the test file's rule files do not define."""
+    names = [r.name for r in ruleset.rules]
+    out: list[str] = []
+    for test in spec.tests:
+        for exp in test.exp_findings:
+            if exp.rule in names:
+                continue
+            close = difflib.get_close_matches(exp.rule, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (rules: {', '.join(names)})"
+            where = f"{spec.path}:{exp.rule_line or exp.line}"
+            out.append(f"{where}: exp_findings: unknown rule {exp.rule!r}{hint}")
+    return out
 
 
 def _run_test(

@@ -41,6 +41,7 @@ from ruamel.yaml.error import YAMLError
 
 from healer.model.limits import SafetyLimits
 from healer.ruleset.durations import parse_duration
+from healer.ruleset.yaml_errors import describe_yaml_error
 from healer.ruletest.series import Series, SeriesError, parse_series
 
 STEPS = ("quarantine", "drain", "ticket")
@@ -67,6 +68,7 @@ class ExpFindings:
     eval_time: float
     rule: str
     findings: list[ExpFinding]
+    rule_line: int = 0  #: line of the ``rule:`` key (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,14 @@ def _line(node: Any) -> int:
     return int(lc.line) + 1 if lc is not None and lc.line is not None else 0
 
 
+def _key_line(node: Any, key: str) -> int:
+    """1-based line of ``key`` in the mapping ``node`` (0 when unknown)."""
+    try:
+        return int(node.lc.key(key)[0]) + 1
+    except (AttributeError, KeyError, TypeError):
+        return 0
+
+
 def _plain(node: Any) -> Any:
     if isinstance(node, CommentedMap):
         return {str(k): _plain(v) for k, v in node.items()}
@@ -130,9 +140,15 @@ def load(path: str | Path) -> TestFile:
     """Read one test file. Raises :class:`SpecError`."""
     name = str(path)
     try:
-        doc = YAML(typ="rt").load(Path(path).read_text())
-    except (OSError, YAMLError) as exc:
-        raise SpecError(f"{name}:0: cannot read: {exc}") from exc
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SpecError(f"{name}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        doc = YAML(typ="rt").load(text)
+    except YAMLError as exc:
+        line, column, message = describe_yaml_error(exc, text)
+        where = f"{name}:{line}:{column}" if line is not None else name
+        raise SpecError(f"{where}: {message}") from exc
     if not isinstance(doc, CommentedMap):
         raise SpecError(f"{name}:1: a test file is a mapping with rule_files and tests")
 
@@ -178,6 +194,7 @@ def _test(file: str, node: Any, default_interval: float, fail: Any) -> TestCase:
                 line=_line(e),
                 eval_time=parse_duration(e["eval_time"]),
                 rule=str(e["rule"]),
+                rule_line=_key_line(e, "rule"),
                 findings=[
                     ExpFinding(
                         node=str(f["node"]),
@@ -195,13 +212,16 @@ def _test(file: str, node: Any, default_interval: float, fail: Any) -> TestCase:
                 ExpStep(line=_line(s), node=str(s["node"]), step=str(s["step"]), at=parse_duration(s["at"]))
                 for s in raw_steps
             ]
-            for s in exp_steps:
-                if s.step not in STEPS:
-                    raise fail(node, f"exp_steps: step {s.step!r} is not one of {', '.join(STEPS)}")
     except KeyError as exc:
         raise fail(node, f"missing key {exc}") from exc
     except (SeriesError, TypeError, ValueError) as exc:
         raise fail(node, str(exc)) from exc
+    for step in exp_steps or []:
+        if step.step not in STEPS:
+            raise SpecError(
+                f"{file}:{step.line or _line(node) or 1}: exp_steps: step {step.step!r} "
+                f"is not one of {', '.join(STEPS)}"
+            )
     return TestCase(
         file=file,
         line=_line(node),

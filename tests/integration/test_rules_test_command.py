@@ -98,3 +98,88 @@ def test_a_malformed_test_file_names_file_and_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["rules", "test", str(path)])
     assert result.exit_code == 1
     assert f"error: {path}:3: not a value in promtool's notation: 'oops'" in result.stderr
+
+
+_SMALL_RULES = """\
+groups:
+  - name: g
+    rules:
+      - name: GpuTooHot
+        expr: max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP) > 80
+        for: 1m
+        severity: critical
+        annotations: {summary: hot}
+"""
+
+_SMALL_TEST = """\
+rule_files: [rules.yaml]
+tests:
+  - name: hot GPU
+    input_series:
+      - series: 'DCGM_FI_DEV_GPU_TEMP{Hostname="n1", gpu="0"}'
+        values: '90x5'
+    exp_findings:
+      - eval_time: 3m
+        rule: GpuTooHot
+        findings:
+          - {node: n1, labels: {gpu: "0"}}
+"""
+
+
+def _small(tmp_path: Path, rules: str = _SMALL_RULES, test: str = _SMALL_TEST) -> Path:
+    (tmp_path / "rules.yaml").write_text(rules)
+    path = tmp_path / "my-test.yaml"
+    path.write_text(test)
+    return path
+
+
+def test_bad_promql_fails_up_front_at_the_rule_files_line_and_column(tmp_path: Path) -> None:
+    path = _small(tmp_path, rules=_SMALL_RULES.replace("> 80", "> > 80"))
+    validate = CliRunner().invoke(app, ["rules", "validate", str(tmp_path / "rules.yaml")])
+    problem = validate.stderr.strip()
+    assert problem.startswith(f"{tmp_path / 'rules.yaml'}:5:"), problem
+
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+
+    assert result.exit_code == 1
+    assert f"error: {problem}" in result.stderr
+    assert "FAILED" not in result.stderr  # no run, so no cascade of failures
+    assert "HTTP 400" not in result.stderr
+
+
+def test_a_misspelt_rule_name_is_an_unknown_rule_with_a_suggestion(tmp_path: Path) -> None:
+    path = _small(tmp_path, test=_SMALL_TEST.replace("rule: GpuTooHot", "rule: GpuTooHto"))
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    assert (
+        f"error: {path}:9: exp_findings: unknown rule 'GpuTooHto' (did you mean 'GpuTooHot'?)"
+        in result.stderr
+    )
+
+
+def test_a_bad_step_name_names_the_file_once_and_the_steps_line(tmp_path: Path) -> None:
+    path = _small(
+        tmp_path, test=_SMALL_TEST + "    exp_steps:\n      - {node: n1, step: quarantin, at: 3m}\n"
+    )
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    assert f"error: {path}:13: exp_steps: step 'quarantin' is not one of quarantine, drain, ticket" in (
+        result.stderr
+    )
+    assert result.stderr.count(str(path)) == 1
+
+
+def test_a_missing_path_and_broken_yaml_read_cleanly(tmp_path: Path) -> None:
+    missing = tmp_path / "nosuch-dir"
+    result = CliRunner().invoke(app, ["rules", "test", f"{missing}/"])
+    assert result.exit_code == 1
+    assert f"error: {missing}: cannot read: No such file or directory" in result.stderr
+    assert ":0:" not in result.stderr
+
+    broken = _small(tmp_path, test=_SMALL_TEST.replace("  - name: hot GPU", "  - name: [hot GPU"))
+    result = CliRunner().invoke(app, ["rules", "test", str(broken)])
+    assert result.exit_code == 1
+    assert f"error: {broken}:" in result.stderr
+    assert "YAML syntax error" in result.stderr
+    assert "<unicode string>" not in result.stderr
+    assert ":0:" not in result.stderr
