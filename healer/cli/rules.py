@@ -49,6 +49,20 @@ def _validate(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> 
     return validate_rules(paths, promtool=not no_promql)
 
 
+def _provider_warnings(ctx: typer.Context, v: Validation) -> list[str]:
+    """With a settings file (``--config``): each ticket provider the rules name that
+    ``tickets.providers`` lacks, at the first asking rule's place."""
+    if v.ruleset is None or not (ctx.find_root().obj or {}).get("config"):
+        return []
+    from healer.tickets.coverage import describe, missing_providers
+
+    out = []
+    for missing in missing_providers(v.ruleset.rules, settings_from(ctx).tickets):
+        origin = v.origins.get(missing.rules[0])
+        out.append(f"{origin}: {describe(missing)}" if origin else describe(missing))
+    return out
+
+
 def _summary(v: Validation) -> str:
     rs = v.ruleset
     assert rs is not None
@@ -70,6 +84,7 @@ def validate(
 ) -> None:
     """Check rule files: every problem with file, line, column and field; exit 1 if any."""
     v = _validate(ctx, paths, no_promql)
+    warnings = [*v.warnings, *_provider_warnings(ctx, v)]
     if output is ValidateFormat.json:
         body = {
             "valid": v.ok,
@@ -78,11 +93,11 @@ def validate(
             "files": list(v.files),
             "promql_checked": v.promql_checked,
             "errors": [p.as_dict() for p in v.problems],
-            "warnings": list(v.warnings),
+            "warnings": warnings,
         }
         typer.echo(json.dumps(body, indent=2))
     else:
-        for warning in v.warnings:
+        for warning in warnings:
             typer.echo(f"warning: {warning}", err=True)
         for problem in v.problems:
             typer.echo(str(problem), err=True)

@@ -53,8 +53,10 @@ from ruamel.yaml.scalarstring import (
 
 from healer.errors import RuleError
 from healer.ruleset.export import prometheus_rule_file
+from healer.ruleset.output_labels import NodeBlind, node_blind
 from healer.ruleset.schema import (
     ACTION_KINDS,
+    DEFAULT_NODE_LABELS,
     DrainAction,
     NotifyAction,
     QuarantineAction,
@@ -226,6 +228,10 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
             name = rule.get("name")
             if isinstance(name, str) and not str(summary.get("summary", "")).strip():
                 warnings.append(f"{p.path}:{where}: rule {name!r} has no 'summary' annotation")
+            blind = _node_blind(rule)
+            if isinstance(name, str) and blind is not None:
+                line, col = _key_at(rule, "expr")
+                warnings.append(f"{p.path}:{line + 1}:{col + 1}: rule {name!r}: {blind}")
 
     order = {name: i for i, name in enumerate(files)}
     problems.sort(key=lambda x: (order.get(x.file, -1), x.line or 0, x.column or 0))
@@ -241,6 +247,15 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
         origins=origins,
         promql_checked=promql_checked,
     )
+
+
+def _node_blind(rule: CommentedMap) -> NodeBlind | None:
+    """The rule's expression certainly names no node (see :mod:`healer.ruleset.output_labels`)."""
+    expr = rule.get("expr")
+    labels = rule.get("node_labels", DEFAULT_NODE_LABELS)
+    if not isinstance(expr, str) or not isinstance(labels, list | tuple) or not labels:
+        return None
+    return node_blind(expr, [str(x) for x in labels])
 
 
 def to_prometheus_rules(ruleset: RuleSet) -> dict[str, Any]:

@@ -233,9 +233,7 @@ class NotifyStep(_LadderStep):
     timeout: Seconds = Field(0.0, ge=0, description="Wait this long before the next step, seconds.")
 
 
-LadderStep = Annotated[
-    ResetGpuStep | RebootStep | TicketStep | NotifyStep, Field(discriminator="kind")
-]
+LadderStep = Annotated[ResetGpuStep | RebootStep | TicketStep | NotifyStep, Field(discriminator="kind")]
 LADDER_KINDS = ("reset-gpu", "reboot", "ticket", "notify")
 #: What a rule's findings say the node needs, read by :mod:`healer.engine.ladder`: ``xid-value``
 #: (the value is a Xid code, classed by the Xid catalog), ``xid-label`` (the ``xid`` label is),

@@ -181,3 +181,42 @@ def test_the_installed_console_script_validates_the_pack() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("OK: ")
+
+
+def test_validate_warns_about_a_rule_that_keeps_no_node_label(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "blind.yaml"
+    path.write_text(
+        "groups:\n  - name: g\n    rules:\n      - name: GpuTooHot\n"
+        "        expr: sum by (gpu) (DCGM_FI_DEV_GPU_TEMP) > 80\n        annotations: {summary: hot}\n"
+    )
+    result = runner.invoke(app, ["rules", "validate", str(path)])
+    assert result.exit_code == 0, result.output  # a warning, not an error
+    assert result.stderr == (
+        f"warning: {path}:5:9: rule 'GpuTooHot': the expression keeps only (gpu): none of its "
+        "node_labels nor instance (Hostname, hostname, node, kubernetes_node, nodename, instance), "
+        "so no finding can name its node (keep one in the outer by (...))\n"
+    )
+
+
+def test_validate_with_settings_names_an_unconfigured_ticket_provider(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    path = tmp_path / "tickets.yaml"
+    path.write_text(
+        "groups:\n  - name: g\n    rules:\n      - name: GpuTooHot\n"
+        "        expr: max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP) > 80\n"
+        "        annotations: {summary: hot}\n        actions: [quarantine, {ticket: {provider: nosuch}}]\n"
+    )
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("tickets: {providers: []}\n")
+
+    without = runner.invoke(app, ["rules", "validate", str(path)])
+    assert without.exit_code == 0, without.output
+    assert without.stderr == ""  # no settings given: which providers exist is not known
+
+    result = runner.invoke(app, ["--config", str(settings), "rules", "validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"warning: {path}:4:9: rule GpuTooHot opens tickets with provider 'nosuch', "
+        "which tickets.providers does not configure\n"
+    )
