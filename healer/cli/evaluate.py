@@ -13,6 +13,7 @@ in-cluster account, and only when such series exist.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -102,15 +103,32 @@ def _value(f: Finding) -> str:
 def _since(f: Finding, now: datetime) -> str:
     from healer.ruleset.durations import format_duration
 
-    if f.active_since is None:
-        return "-"
+    if f.active_since is None or f.active_since >= now:
+        return "-"  # first seen at this tick: when it began is not known (see _SINCE_UNKNOWN)
     ago = max(0, int((now - f.active_since).total_seconds()))
     return f"{f.active_since:%Y-%m-%d %H:%M:%S}Z ({format_duration(ago)} ago)"
 
 
+#: The footnote of a SINCE column showing ``-``.
+_SINCE_UNKNOWN = (
+    "SINCE -: first seen at this tick; with no earlier tick recorded (--no-store, or a new "
+    "condition) when it began is not known"
+)
+
+
+def _shared_errors(result: DetectionResult) -> list[str]:
+    """Errors that several unavailable rules share (the source's, e.g. connection refused)."""
+    from healer.model.states import RuleHealth
+
+    counts = Counter(r.error for r in result.reports if r.health == RuleHealth.UNAVAILABLE and r.error)
+    return [error for error, n in counts.items() if n > 1]
+
+
 def as_table(result: DetectionResult) -> str:
     """The findings table (node, GPU, rule, state, value and unit, since), unknown nodes, and the
-    per-rule health table."""
+    per-rule health table. An error several rules share (the source's) is printed once above the
+    rule table, its rows saying ``unavailable``; SINCE is ``-`` (with a footnote) for findings
+    first seen at this tick."""
     now = result.findings.at
     out: list[str] = [f"evaluated at {now:%Y-%m-%d %H:%M:%S}Z"]
     findings = _findings(result)
@@ -118,8 +136,10 @@ def as_table(result: DetectionResult) -> str:
         rows = [["NODE", "GPU", "RULE", "STATE", "VALUE", "SINCE"]]
         rows += [[f.node, f.gpu or "-", f.rule, str(f.state), _value(f), _since(f, now)] for f in findings]
         out += ["", columns(rows)]
+        if any(row[-1] == "-" for row in rows[1:]):
+            out.append(_SINCE_UNKNOWN)
     elif result.source_unavailable:
-        out += ["", "no findings known: the metrics source could not be queried (see the errors below)"]
+        out += ["", "no findings known: the metrics source could not be queried (see below)"]
     else:
         out += ["", "no findings"]
     if result.findings.unknown:
@@ -127,9 +147,11 @@ def as_table(result: DetectionResult) -> str:
             "",
             "no data (unknown, neither healthy nor faulty): " + ", ".join(sorted(result.findings.unknown)),
         ]
+    shared = _shared_errors(result)
+    out += [""] + [f"metrics source unavailable: {error}" for error in shared] + ([""] if shared else [])
     rows = [["RULE", "GROUP", "HEALTH", "SERIES", "PENDING", "FIRING", "SECONDS", "ERROR / WARNINGS"]]
     for r in result.reports:
-        notes = [r.error] if r.error else []
+        notes = ["unavailable" if r.error in shared else r.error] if r.error else []
         notes += r.warnings
         if r.unresolved is not None:
             notes.append(str(r.unresolved))
@@ -145,7 +167,7 @@ def as_table(result: DetectionResult) -> str:
                 "; ".join(notes),
             ]
         )
-    out += ["", columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
+    out += [columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
     degraded = [r for r in result.reports if r.unresolved is not None]
     if degraded:
         out += [

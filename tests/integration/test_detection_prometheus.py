@@ -610,6 +610,22 @@ def test_cli_evaluate_once(timeline: Timeline, migrated_sqlite_url: str) -> None
     header = next(line for line in lines if line.startswith("NODE"))
     assert header.split() == ["NODE", "GPU", "RULE", "STATE", "VALUE", "SINCE"]
     assert any(line.startswith("no data (unknown") and DOWN in line for line in lines)
+    # Resumed from the store: the pending finding's SINCE is the first run's time, not "0s ago".
+    slow_row = next(
+        line for line in lines if line.split()[:4] == [SLOW, "1", "GpuHardwareSlowdown", "pending"]
+    )
+    assert slow_row.endswith(" ago)") and "(0s ago)" not in slow_row
+
+    once = run_cli("evaluate", "--once", "--no-store", prometheus_url=url, db_url="sqlite://")
+    assert once.returncode == 0, once.stderr
+    lines = once.stdout.splitlines()
+    # One-shot, nothing recorded before: when a condition began is not known, and the table says so.
+    slow_row = next(
+        line for line in lines if line.split()[:4] == [SLOW, "1", "GpuHardwareSlowdown", "pending"]
+    )
+    assert slow_row.split()[-1] == "-"
+    assert "(0s ago)" not in once.stdout
+    assert "SINCE -: first seen at this tick" in once.stdout
 
 
 def test_cli_exit_status_when_prometheus_is_unavailable(tmp_path: Path) -> None:
@@ -621,5 +637,10 @@ def test_cli_exit_status_when_prometheus_is_unavailable(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "unavailable" in done.stdout and "Connection refused" in done.stdout
+    # The source's error once, above the rule table; each rule's row says only "unavailable".
+    assert done.stdout.count("Connection refused") == 1
+    assert "\nmetrics source unavailable: " in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if " unavailable " in f" {line} "]
+    assert any(row[-1] == "unavailable" and row[2] == "unavailable" for row in rows)
     assert "no findings known: the metrics source could not be queried" in done.stdout
     assert "\nno findings\n" not in done.stdout
