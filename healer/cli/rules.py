@@ -246,6 +246,8 @@ def test_(
         typer.echo(f"FAILED {failure}", err=True)
     failed_tests = len({(f.where.split(":")[0], f.test) for f in outcome.failures})
     summary = f"{outcome.tests - failed_tests} of {outcome.tests} test(s) passed in {len(files)} file(s)"
+    if outcome.files_not_run:
+        summary += f"; {outcome.files_not_run} file(s) not run (errors above)"
     if outcome.ok:
         typer.echo(f"OK: {summary}")
         return

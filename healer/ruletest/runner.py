@@ -51,13 +51,14 @@ class Failure:
 
 @dataclass
 class Outcome:
-    """What a run found: tests run, failures, files that could not be run at all, and the rule
-    files' warnings (as ``healer rules validate`` gives them)."""
+    """What a run found: tests run, failures, files that could not be run at all (``errors`` says
+    why, ``files_not_run`` how many), and the rule files' warnings (as ``healer rules validate``)."""
 
     tests: int = 0
     failures: list[Failure] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    files_not_run: int = 0
 
     @property
     def ok(self) -> bool:
@@ -86,16 +87,17 @@ def run(paths: Sequence[str | Path]) -> Outcome:
             spec = load(path)
         except SpecError as exc:
             outcome.errors.append(str(exc))
+            outcome.files_not_run += 1
             continue
         # The checks of `healer rules validate`, PromQL included, before any test runs.
         checked = validate_rules(spec.rule_files)
         outcome.warnings.extend(w for w in checked.warnings if w not in outcome.warnings)
-        if checked.ruleset is None:
-            outcome.errors.extend(str(p) for p in checked.problems)
-            continue
-        unknown = unknown_rules(spec, checked.ruleset)
-        if unknown:
-            outcome.errors.extend(unknown)
+        problems = [str(p) for p in checked.problems]
+        if checked.ruleset is not None:
+            problems = unknown_rules(spec, checked.ruleset)
+        if problems or checked.ruleset is None:
+            outcome.errors.extend(problems)
+            outcome.files_not_run += 1
             continue
         loaded.append((spec, checked.ruleset))
     if not loaded:

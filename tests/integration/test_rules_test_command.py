@@ -144,6 +144,7 @@ def test_bad_promql_fails_up_front_at_the_rule_files_line_and_column(tmp_path: P
     assert result.exit_code == 1
     assert f"error: {problem}" in result.stderr
     assert "FAILED" not in result.stderr  # no run, so no cascade of failures
+    assert "FAIL: 0 of 0 test(s) passed in 1 file(s); 1 file(s) not run (errors above)" in result.stderr
     assert "HTTP 400" not in result.stderr
 
 
