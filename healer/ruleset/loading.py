@@ -334,8 +334,8 @@ def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
             return None
         tree = yaml.load(text)
     except YAMLError as exc:
-        line, column, message = describe_yaml_error(exc, text)
-        problems.append(RuleProblem(path, line, column, "", message))
+        at_line, at_column, message = describe_yaml_error(exc, text)
+        problems.append(RuleProblem(path, at_line, at_column, "", message))
         return None
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         # ruamel's constructors raise plain errors for explicit tags on bad values (`!!int abc`).

@@ -109,10 +109,11 @@ def _binary(node: promql_parser.BinaryExpr) -> _Labels:
         only = None if left.only is None or right.only is None else left.only | right.only
         return _Labels(only, left.dropped & right.dropped)
     modifier = node.modifier
-    card = modifier.card if modifier is not None else None
-    if card == promql_parser.VectorMatchCardinality.ManyToOne:
+    if modifier is None:
+        return left
+    if modifier.card == promql_parser.VectorMatchCardinality.ManyToOne:
         return left.adding(modifier.group_labels or [])
-    if card == promql_parser.VectorMatchCardinality.OneToMany:
+    if modifier.card == promql_parser.VectorMatchCardinality.OneToMany:
         return right.adding(modifier.group_labels or [])
     return left  # one-to-one: the left side's labels, or fewer (on/ignoring)
 
