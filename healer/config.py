@@ -8,9 +8,11 @@ Prometheus on localhost, dry-run on).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal, cast
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -455,7 +457,7 @@ class ValidationSettings(_Group):
             "/bin/sh",
             "-c",
             "dcgmi diag -r {level} > /tmp/diag.txt 2>&1; rc=$?; "
-            'if [ $rc = 0 ]; then p=true; else p=false; fi; '
+            "if [ $rc = 0 ]; then p=true; else p=false; fi; "
             'printf \'{"dcgm_level": {level}, "passed": %s, "exit_code": %s}\\n\' $p $rc '
             "> /dev/termination-log; exit $rc",
         ],
@@ -555,6 +557,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"{config_file}: config file not found")
     cls = Settings
     if config_file is not None:
+        _check_yaml(config_file)
         # A subclass carries the file in its config, so no module state is needed.
         cls = cast(
             type[Settings],
@@ -566,8 +569,32 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         return cls(**overrides)
     except ValidationError as exc:
         where = str(config_file) if config_file else "settings"
-        lines = [
-            f"{where}: {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-            for err in exc.errors()
-        ]
+        environment = {key.upper() for key in os.environ}
+        lines = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            # The environment wins over the file: a bad value set there is named by its variable.
+            variable = "HEALER_" + "__".join(loc).upper()
+            source = variable if loc and loc[0] not in overrides and variable in environment else where
+            lines.append(f"{source}: {'.'.join(loc) or '(root)'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
+
+
+def _check_yaml(config_file: Path) -> None:
+    """Raise :class:`ConfigError` naming the file (and line:column when YAML gives one) unless it is
+    YAML whose top level is a mapping of settings (or empty)."""
+    try:
+        data = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{config_file}:{mark.line + 1}:{mark.column + 1}" if mark else str(config_file)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = f" ({exc.context})" if getattr(exc, "context", None) else ""
+        raise ConfigError(f"{where}: not valid YAML: {problem}{context}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{config_file}: cannot read: {exc}") from exc
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(
+            f"{config_file}: the top level must be a mapping of settings (e.g. 'prometheus: ...'), "
+            f"not a {type(data).__name__}"
+        )
