@@ -46,12 +46,18 @@ def test_file_then_environment_then_overrides(tmp_path: Path, monkeypatch: pytes
     ],
 )
 def test_bad_settings_name_the_file_and_field(tmp_path: Path, text: str, problem: str) -> None:
+    config, message = _load_error(tmp_path, text)
+    assert message.startswith(f"{config}: ")
+    assert problem in message
+
+
+def _load_error(tmp_path: Path, text: str) -> tuple[Path, str]:
+    """The settings file written with ``text`` and the message of the ConfigError loading it."""
     config = tmp_path / "healer.yaml"
     config.write_text(text)
     with pytest.raises(ConfigError) as err:
         load_settings(config)
-    assert str(err.value).startswith(f"{config}: ")
-    assert problem in str(err.value)
+    return config, str(err.value)
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
@@ -83,11 +89,8 @@ def test_detection_mode_picks_the_source(monkeypatch: pytest.MonkeyPatch) -> Non
     ],
 )
 def test_a_malformed_file_is_one_error_naming_it(tmp_path: Path, text: str, problem: str) -> None:
-    config = tmp_path / "healer.yaml"
-    config.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_settings(config)
-    assert str(err.value).startswith(f"{config}{problem}")
+    config, message = _load_error(tmp_path, text)
+    assert message.startswith(f"{config}{problem}")
 
 
 def test_an_empty_file_means_the_defaults(tmp_path: Path) -> None:
