@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
@@ -91,6 +91,18 @@ class DemoSummary:
     tickets: dict[str, int]
     dashboard: str
     returned: int = 0  # nodes healer put back into service after repair and validation
+    #: Nodes healer quarantined during the demo and that are not healthy again yet.
+    still_out: list[str] = field(default_factory=list)
+
+    def unfinished(self) -> str | None:
+        """What the story's end state (every faulted node back in service) still lacks; None when
+        it was reached."""
+        if self.still_out:
+            shown = ", ".join(self.still_out[:5]) + (" ..." if len(self.still_out) > 5 else "")
+            return f"{len(self.still_out)} faulted node(s) not returned to service: {shown}"
+        if not self.returned:
+            return "no node was quarantined and returned to service"
+        return None
 
     def line(self) -> str:
         states = ", ".join(f"{k}={v}" for k, v in sorted(self.states.items()) if k != NodeState.HEALTHY)
@@ -129,16 +141,26 @@ def new_steps(session: Session, after: int) -> tuple[list[str], int]:
 
 def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: str) -> DemoSummary:
     with sessions() as session:
-        states = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).tuples().all())
-        tickets = dict(
-            session.execute(select(Ticket.status, func.count()).group_by(Ticket.status)).tuples().all()
-        )
+        states = {k: v for k, v in session.execute(select(Node.state, func.count()).group_by(Node.state))}
+        tickets = {
+            k: v for k, v in session.execute(select(Ticket.status, func.count()).group_by(Ticket.status))
+        }
         returned = session.scalar(
             select(func.count(func.distinct(Transition.node_id))).where(
                 Transition.from_state == NodeState.VALIDATING, Transition.to_state == NodeState.HEALTHY
             )
         )
-    return DemoSummary(states=states, tickets=tickets, dashboard=dashboard, returned=returned or 0)
+        quarantined = select(Transition.node_id).where(Transition.to_state == NodeState.QUARANTINED)
+        still_out = list(
+            session.scalars(
+                select(Node.name)
+                .where(Node.id.in_(quarantined), Node.state != NodeState.HEALTHY)
+                .order_by(Node.name)
+            )
+        )
+    return DemoSummary(
+        states=states, tickets=tickets, dashboard=dashboard, returned=returned or 0, still_out=still_out
+    )
 
 
 @contextlib.contextmanager

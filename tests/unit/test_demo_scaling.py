@@ -43,3 +43,44 @@ def test_progress_lines_name_every_lifecycle_step_once(migrated_sqlite_url: str)
             "gpu-node-07: quarantined -> draining (drain started)",
         ]
         assert new_steps(s, last) == ([], last)  # nothing printed twice
+
+
+def test_the_summary_says_which_faulted_nodes_are_not_back(migrated_sqlite_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from healer.config import load_settings
+    from healer.model.states import NodeState
+    from healer.store.nodes import get_or_create_node, transition
+    from healer.store.session import make_engine, make_sessionmaker, transaction
+    from healer_dev.demo import summarize
+
+    sessions = make_sessionmaker(make_engine(migrated_sqlite_url))
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    settings = load_settings()
+    assert summarize(settings, sessions, "").unfinished() == "no node was quarantined and returned to service"
+    with transaction(sessions) as s:
+        for name in ("gpu-node-07", "gpu-node-12"):
+            node = get_or_create_node(s, name, now=now)
+            transition(s, node, NodeState.QUARANTINED, now=now, actor="healer", reason="fault")
+            transition(s, node, NodeState.VALIDATING, now=now, actor="healer", reason="repaired")
+        transition(
+            s,
+            get_or_create_node(s, "gpu-node-07", now=now),
+            NodeState.HEALTHY,
+            now=now,
+            actor="healer",
+            reason="held clear",
+        )
+    summary = summarize(settings, sessions, "")
+    assert summary.returned == 1
+    assert summary.unfinished() == "1 faulted node(s) not returned to service: gpu-node-12"
+    with transaction(sessions) as s:
+        transition(
+            s,
+            get_or_create_node(s, "gpu-node-12", now=now),
+            NodeState.HEALTHY,
+            now=now,
+            actor="healer",
+            reason="held clear",
+        )
+    assert summarize(settings, sessions, "").unfinished() is None
