@@ -58,29 +58,18 @@ def test_the_summary_says_which_faulted_nodes_are_not_back(migrated_sqlite_url: 
     now = datetime(2026, 12, 1, tzinfo=UTC)
     settings = load_settings()
     assert summarize(settings, sessions, "").unfinished() == "no node was quarantined and returned to service"
-    with transaction(sessions) as s:
-        for name in ("gpu-node-07", "gpu-node-12"):
+
+    def move(name: str, *states: NodeState) -> None:
+        with transaction(sessions) as s:
             node = get_or_create_node(s, name, now=now)
-            transition(s, node, NodeState.QUARANTINED, now=now, actor="healer", reason="fault")
-            transition(s, node, NodeState.VALIDATING, now=now, actor="healer", reason="repaired")
-        transition(
-            s,
-            get_or_create_node(s, "gpu-node-07", now=now),
-            NodeState.HEALTHY,
-            now=now,
-            actor="healer",
-            reason="held clear",
-        )
+            for state in states:
+                transition(s, node, state, now=now, actor="healer", reason=f"to {state}")
+
+    for name in ("gpu-node-07", "gpu-node-12"):
+        move(name, NodeState.QUARANTINED, NodeState.VALIDATING)
+    move("gpu-node-07", NodeState.HEALTHY)
     summary = summarize(settings, sessions, "")
     assert summary.returned == 1
     assert summary.unfinished() == "1 faulted node(s) not returned to service: gpu-node-12"
-    with transaction(sessions) as s:
-        transition(
-            s,
-            get_or_create_node(s, "gpu-node-12", now=now),
-            NodeState.HEALTHY,
-            now=now,
-            actor="healer",
-            reason="held clear",
-        )
+    move("gpu-node-12", NodeState.HEALTHY)
     assert summarize(settings, sessions, "").unfinished() is None
