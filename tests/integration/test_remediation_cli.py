@@ -78,3 +78,16 @@ def test_pause_resume_and_breaker(db: str) -> None:
     assert code == 0 and "2 held node(s)" in out
     with sessions() as s:
         assert repo.get_switch(s, repo.SWITCH_BREAKER)["reset_by"] == "cli:alice"
+
+
+def test_node_list_says_what_it_knows_and_mentions_a_pause(db: str) -> None:
+    assert run("node", "list") == (0, "no nodes recorded yet (has `healer run` run against this database?)\n")
+    sessions = make_sessionmaker(make_engine(db))
+    with transaction(sessions) as s:
+        repo.get_or_create_node(s, "gpu-08", now=T0)
+    assert run("node", "list") == (0, "all 1 recorded node(s) are healthy\n")
+    run("pause", "--reason", "cluster upgrade")
+    code, out = run("node", "list")
+    assert code == 0
+    assert out.splitlines()[0].startswith("healer is PAUSED: cluster upgrade (no new quarantine")
+    assert out.splitlines()[1] == "all 1 recorded node(s) are healthy"
