@@ -48,6 +48,19 @@ def parse_time(text: str, now: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _option_time(option: str, text: str, now: datetime) -> datetime:
+    """:func:`parse_time`, or exit 2 naming ``option`` and the forms it takes."""
+    try:
+        return parse_time(text, now)
+    except ValueError as exc:
+        typer.echo(
+            f"error: {option} {text!r} is not a time: use ISO 8601 (2026-11-24T00:00:00Z, 2026-11-24), "
+            "now, or a duration before now (-7d, now-6h, -90m)",
+            err=True,
+        )
+        raise typer.Exit(2) from exc
+
+
 def _table(report: Report) -> str:
     rows = [["RULE", "FIRED", "NODES FIRED", "NODES OUT", "NODE-HOURS", "HELD BUDGET", "HELD BREAKER"]]
     for r in report.rules:
@@ -171,10 +184,10 @@ def backtest(
 
     settings = settings_from(ctx)
     now = wiring.utc_now()
+    # Whole seconds: the ticks are matched to Prometheus's step timestamps.
+    t0 = _option_time("--from", start, now).replace(microsecond=0)
+    t1 = _option_time("--to", end, now).replace(microsecond=0)
     try:
-        # Whole seconds: the ticks are matched to Prometheus's step timestamps.
-        t0 = parse_time(start, now).replace(microsecond=0)
-        t1 = parse_time(end, now).replace(microsecond=0)
         step_s, chunk_s = parse_duration(step), parse_duration(chunk)
         repair_s = parse_duration(repair_after) if repair_after else None
     except ValueError as exc:
