@@ -351,6 +351,18 @@ class _Technician(threading.Thread):
         self.join(timeout=5)
 
 
+def banner(*, nodes: int, time_scale: float, dashboard: str, prometheus: str) -> list[str]:
+    """The demo's opening lines: what runs, the time scale, and where to look (the dashboard, and
+    the demo's Prometheus for ``healer evaluate --once`` or ``healer doctor exporters``)."""
+    return [
+        f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook",
+        f"rule hold times and range windows scaled by {time_scale} "
+        f"(a 5m `for` holds {300 * time_scale:.0f}s)",
+        f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)",
+        f"prometheus: {prometheus}   (e.g. HEALER_PROMETHEUS__URL={prometheus} healer doctor exporters)",
+    ]
+
+
 def run_demo(
     *,
     workdir: Path,
@@ -380,12 +392,10 @@ def run_demo(
         real_node_exporter=real_node_exporter,
     ) as env:
         settings, sessions, dashboard = env.settings, env.sessions, env.dashboard
-        print(f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook")
-        print(
-            f"rule hold times and range windows scaled by {time_scale} "
-            f"(a 5m `for` holds {300 * time_scale:.0f}s)"
-        )
-        print(f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)", flush=True)
+        for line in banner(
+            nodes=nodes, time_scale=time_scale, dashboard=dashboard, prometheus=env.prometheus_url
+        ):
+            print(line, flush=True)
         started = time.monotonic()
         next_report = started + report_every
         last_step = 0

@@ -73,3 +73,15 @@ def test_the_summary_says_which_faulted_nodes_are_not_back(migrated_sqlite_url: 
     assert summary.unfinished() == "1 faulted node(s) not returned to service: gpu-node-12"
     move("gpu-node-12", NodeState.HEALTHY)
     assert summarize(settings, sessions, "").unfinished() is None
+
+
+def test_the_banner_gives_the_dashboard_and_the_prometheus_to_try_commands_against() -> None:
+    from healer_dev.demo import banner
+
+    lines = banner(
+        nodes=64, time_scale=0.1, dashboard="http://127.0.0.1:8080", prometheus="http://127.0.0.1:9091"
+    )
+    assert "dashboard: http://127.0.0.1:8080/   (JSON API: http://127.0.0.1:8080/api/v1/nodes)" in lines
+    assert lines[-1].startswith(
+        "prometheus: http://127.0.0.1:9091   (e.g. HEALER_PROMETHEUS__URL=http://127.0.0.1:9091 "
+    )
