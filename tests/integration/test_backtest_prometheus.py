@@ -302,3 +302,28 @@ def test_a_rule_prometheus_cannot_evaluate_is_named_and_the_exit_is_1(
     assert [f["rule"] for f in report["failures"]] == ["Ambiguous"]
     assert ("gpu-node-03", "GpuTooHot") in steps(report)  # the rest of the report is still there
     assert "error: rule Ambiguous: Prometheus failed for" in result.stderr
+    page = CliRunner().invoke(app, ["backtest", *window, "--rules", str(rules), "-o", "html"])
+    assert page.exit_code == 1
+    assert "<strong>Prometheus failed</strong> for rule Ambiguous in 481 of 481 ticks" in page.stdout
+
+
+def test_the_rule_backtest_page_is_503_when_prometheus_does_not_answer(
+    session_factory: sessionmaker[Session],
+) -> None:
+    from healer.config import load_settings
+    from healer.ruleset.loading import load_ruleset
+    from tests.integration.test_api_support import VIEWER_TOKEN, bearer, build_app, http_client
+
+    settings = load_settings(
+        prometheus={"url": f"http://127.0.0.1:{_unused_loopback_port()}"},
+        api={
+            "tokens": [{"token": VIEWER_TOKEN, "user": "victor", "role": "viewer"}],
+            "csrf_secret": "x" * 32,
+        },
+    )
+    ruleset = load_ruleset([REPO / "rules"], promtool=False)
+    app = build_app(session_factory, settings, clock=lambda: START, ruleset_provider=lambda: ruleset)
+    with http_client(app) as client:
+        page = client.get("/rules/GpuTooHot/backtest", params={"days": 0.01}, headers=bearer(VIEWER_TOKEN))
+    assert page.status_code == 503, page.text
+    assert "Connection refused" in page.text
