@@ -78,10 +78,10 @@ def backtest(
             mine: dict[str, QueryResult | SourceError] = {
                 key[len(prefix) :]: value for key, value in results.items() if key.startswith(prefix)
             }
-            for rule, value in mine.items():
+            for name, value in mine.items():
                 if isinstance(value, SourceError):
-                    failed[i, rule] = failed.get((i, rule), 0) + 1
-                    first_error.setdefault((i, rule), str(value))
+                    failed[i, name] = failed.get((i, name), 0) + 1
+                    first_error.setdefault((i, name), str(value))
             replay.tick(at, mine, fleet=fleet)
     return [
         replace(

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -20,6 +19,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from healer.errors import ConfigError
 from healer.model import limits as engine_limits
@@ -583,13 +584,16 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 def _check_yaml(config_file: Path) -> None:
     """Raise :class:`ConfigError` naming the file (and line:column when YAML gives one) unless it is
     YAML whose top level is a mapping of settings (or empty)."""
+    reader = YAML(typ="safe", pure=True)
+    reader.allow_duplicate_keys = True  # as the settings loader (PyYAML): the last one wins
     try:
-        data = yaml.safe_load(config_file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
+        data = reader.load(config_file.read_text(encoding="utf-8"))
+    except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{config_file}:{mark.line + 1}:{mark.column + 1}" if mark else str(config_file)
         problem = getattr(exc, "problem", None) or str(exc)
-        context = f" ({exc.context})" if getattr(exc, "context", None) else ""
+        context = getattr(exc, "context", None)
+        context = f" ({context})" if context else ""
         raise ConfigError(f"{where}: not valid YAML: {problem}{context}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{config_file}: cannot read: {exc}") from exc
