@@ -9,9 +9,10 @@ is written anywhere: no cluster, no provider, no database.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 
-from healer.engine.backtest import Report, summarize
+from healer.engine.backtest import QueryFailure, Report, summarize
 from healer.engine.evaluation import QueryResult, node_of
 from healer.engine.replay import Replay, ReplaySettings
 from healer.errors import SourceError
@@ -44,7 +45,8 @@ def backtest(
     """Replay ``[start, end]`` every ``step_seconds`` through each ``(label, ruleset)``; one report each.
 
     ``fleet_query`` returns one series per node of the fleet (its node label names it); None counts
-    only the nodes the rules return. ``progress`` gets the ticks done after each chunk.
+    only the nodes the rules return. ``progress`` gets the ticks done after each chunk. A rule whose
+    query Prometheus failed is frozen for those ticks and listed in the report's ``failures``.
     """
     queries: dict[str, str] = {}
     for i, (_, ruleset) in enumerate(rulesets):
@@ -53,6 +55,9 @@ def backtest(
     if fleet_query:
         queries[_FLEET] = fleet_query
     replays = [Replay(ruleset, settings) for _, ruleset in rulesets]
+    # (set index, rule) -> ticks failed and the first error: the report must say what it did not see.
+    failed: dict[tuple[int, str], int] = {}
+    first_error: dict[tuple[int, str], str] = {}
     for at, results in history_ticks(
         source,
         queries,
@@ -73,15 +78,26 @@ def backtest(
             mine: dict[str, QueryResult | SourceError] = {
                 key[len(prefix) :]: value for key, value in results.items() if key.startswith(prefix)
             }
+            for name, value in mine.items():
+                if isinstance(value, SourceError):
+                    failed[i, name] = failed.get((i, name), 0) + 1
+                    first_error.setdefault((i, name), str(value))
             replay.tick(at, mine, fleet=fleet)
     return [
-        summarize(
-            replay.result(),
-            rules=[r.name for r in ruleset.rules],
-            start=start,
-            end=end,
-            step_seconds=step_seconds,
-            label=label,
+        replace(
+            summarize(
+                replay.result(),
+                rules=[r.name for r in ruleset.rules],
+                start=start,
+                end=end,
+                step_seconds=step_seconds,
+                label=label,
+            ),
+            failures=[
+                QueryFailure(rule=r.name, ticks=failed[i, r.name], error=first_error[i, r.name])
+                for r in ruleset.rules
+                if (i, r.name) in failed
+            ],
         )
-        for replay, (label, ruleset) in zip(replays, rulesets, strict=True)
+        for i, (replay, (label, ruleset)) in enumerate(zip(replays, rulesets, strict=True))
     ]

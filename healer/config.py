@@ -8,6 +8,7 @@ Prometheus on localhost, dry-run on).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -18,6 +19,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from healer.errors import ConfigError
 from healer.model import limits as engine_limits
@@ -455,7 +458,7 @@ class ValidationSettings(_Group):
             "/bin/sh",
             "-c",
             "dcgmi diag -r {level} > /tmp/diag.txt 2>&1; rc=$?; "
-            'if [ $rc = 0 ]; then p=true; else p=false; fi; '
+            "if [ $rc = 0 ]; then p=true; else p=false; fi; "
             'printf \'{"dcgm_level": {level}, "passed": %s, "exit_code": %s}\\n\' $p $rc '
             "> /dev/termination-log; exit $rc",
         ],
@@ -555,6 +558,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(f"{config_file}: config file not found")
     cls = Settings
     if config_file is not None:
+        _check_yaml(config_file)
         # A subclass carries the file in its config, so no module state is needed.
         cls = cast(
             type[Settings],
@@ -566,8 +570,35 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         return cls(**overrides)
     except ValidationError as exc:
         where = str(config_file) if config_file else "settings"
-        lines = [
-            f"{where}: {'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-            for err in exc.errors()
-        ]
+        environment = {key.upper() for key in os.environ}
+        lines = []
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            # The environment wins over the file: a bad value set there is named by its variable.
+            variable = "HEALER_" + "__".join(loc).upper()
+            source = variable if loc and loc[0] not in overrides and variable in environment else where
+            lines.append(f"{source}: {'.'.join(loc) or '(root)'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
+
+
+def _check_yaml(config_file: Path) -> None:
+    """Raise :class:`ConfigError` naming the file (and line:column when YAML gives one) unless it is
+    YAML whose top level is a mapping of settings (or empty)."""
+    reader = YAML(typ="safe", pure=True)
+    reader.allow_duplicate_keys = True  # as the settings loader (PyYAML): the last one wins
+    try:
+        data = reader.load(config_file.read_text(encoding="utf-8"))
+    except YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{config_file}:{mark.line + 1}:{mark.column + 1}" if mark else str(config_file)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        context = f" ({context})" if context else ""
+        raise ConfigError(f"{where}: not valid YAML: {problem}{context}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{config_file}: cannot read: {exc}") from exc
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(
+            f"{config_file}: the top level must be a mapping of settings (e.g. 'prometheus: ...'), "
+            f"not a {type(data).__name__}"
+        )

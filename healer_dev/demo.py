@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
@@ -91,6 +91,18 @@ class DemoSummary:
     tickets: dict[str, int]
     dashboard: str
     returned: int = 0  # nodes healer put back into service after repair and validation
+    #: Nodes healer quarantined during the demo and that are not healthy again yet.
+    still_out: list[str] = field(default_factory=list)
+
+    def unfinished(self) -> str | None:
+        """What the story's end state (every faulted node back in service) still lacks; None when
+        it was reached."""
+        if self.still_out:
+            shown = ", ".join(self.still_out[:5]) + (" ..." if len(self.still_out) > 5 else "")
+            return f"{len(self.still_out)} faulted node(s) not returned to service: {shown}"
+        if not self.returned:
+            return "no node was quarantined and returned to service"
+        return None
 
     def line(self) -> str:
         states = ", ".join(f"{k}={v}" for k, v in sorted(self.states.items()) if k != NodeState.HEALTHY)
@@ -129,16 +141,26 @@ def new_steps(session: Session, after: int) -> tuple[list[str], int]:
 
 def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: str) -> DemoSummary:
     with sessions() as session:
-        states = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).tuples().all())
-        tickets = dict(
-            session.execute(select(Ticket.status, func.count()).group_by(Ticket.status)).tuples().all()
-        )
+        states = {k: v for k, v in session.execute(select(Node.state, func.count()).group_by(Node.state))}
+        tickets = {
+            k: v for k, v in session.execute(select(Ticket.status, func.count()).group_by(Ticket.status))
+        }
         returned = session.scalar(
             select(func.count(func.distinct(Transition.node_id))).where(
                 Transition.from_state == NodeState.VALIDATING, Transition.to_state == NodeState.HEALTHY
             )
         )
-    return DemoSummary(states=states, tickets=tickets, dashboard=dashboard, returned=returned or 0)
+        quarantined = select(Transition.node_id).where(Transition.to_state == NodeState.QUARANTINED)
+        still_out = list(
+            session.scalars(
+                select(Node.name)
+                .where(Node.id.in_(quarantined), Node.state != NodeState.HEALTHY)
+                .order_by(Node.name)
+            )
+        )
+    return DemoSummary(
+        states=states, tickets=tickets, dashboard=dashboard, returned=returned or 0, still_out=still_out
+    )
 
 
 @contextlib.contextmanager
@@ -329,6 +351,18 @@ class _Technician(threading.Thread):
         self.join(timeout=5)
 
 
+def banner(*, nodes: int, time_scale: float, dashboard: str, prometheus: str) -> list[str]:
+    """The demo's opening lines: what runs, the time scale, and where to look (the dashboard, and
+    the demo's Prometheus for ``healer evaluate --once`` or ``healer doctor exporters``)."""
+    return [
+        f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook",
+        f"rule hold times and range windows scaled by {time_scale} "
+        f"(a 5m `for` holds {300 * time_scale:.0f}s)",
+        f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)",
+        f"prometheus: {prometheus}   (e.g. HEALER_PROMETHEUS__URL={prometheus} healer doctor exporters)",
+    ]
+
+
 def run_demo(
     *,
     workdir: Path,
@@ -358,12 +392,10 @@ def run_demo(
         real_node_exporter=real_node_exporter,
     ) as env:
         settings, sessions, dashboard = env.settings, env.sessions, env.dashboard
-        print(f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook")
-        print(
-            f"rule hold times and range windows scaled by {time_scale} "
-            f"(a 5m `for` holds {300 * time_scale:.0f}s)"
-        )
-        print(f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)", flush=True)
+        for line in banner(
+            nodes=nodes, time_scale=time_scale, dashboard=dashboard, prometheus=env.prometheus_url
+        ):
+            print(line, flush=True)
         started = time.monotonic()
         next_report = started + report_every
         last_step = 0

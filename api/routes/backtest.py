@@ -59,4 +59,7 @@ def rule_backtest(
         )
     except SourceError as exc:
         raise ApiError(503, f"Prometheus: {exc}") from exc
+    if report.failures and all(f.ticks == report.ticks for f in report.failures):
+        # No query answered: a report of zeros would say the rule never fired.
+        raise ApiError(503, f"Prometheus: {report.failures[0].error}")
     return HTMLResponse(render(report))

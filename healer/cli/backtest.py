@@ -1,8 +1,9 @@
 """``healer backtest``: what the rules would have done over Prometheus's history.
 
 Exit status: 0 the report was produced; 1 Prometheus failed for part of the window (the report is
-still printed; the rules concerned were frozen for those ticks, as in the controller); 2 bad
-usage, settings or rules.
+still printed, then one error line per rule concerned: it was frozen for those ticks, as in the
+controller), or for all of it (no report); 2 bad usage, settings or rules (PromQL is checked by
+promtool when it is installed, as ``healer rules validate`` does).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from healer.cli.context import settings_from
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
-    from healer.engine.backtest import Comparison, Report
+    from healer.engine.backtest import Comparison, QueryFailure, Report
 
 
 class Output(StrEnum):
@@ -45,6 +46,19 @@ def parse_time(text: str, now: datetime) -> datetime:
         return now - timedelta(seconds=parse_duration(rel.group("d")))
     value = datetime.fromisoformat(text.replace("Z", "+00:00"))
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _option_time(option: str, text: str, now: datetime) -> datetime:
+    """:func:`parse_time`, or exit 2 naming ``option`` and the forms it takes."""
+    try:
+        return parse_time(text, now)
+    except ValueError as exc:
+        typer.echo(
+            f"error: {option} {text!r} is not a time: use ISO 8601 (2026-11-24T00:00:00Z, 2026-11-24), "
+            "now, or a duration before now (-7d, now-6h, -90m)",
+            err=True,
+        )
+        raise typer.Exit(2) from exc
 
 
 def _table(report: Report) -> str:
@@ -170,10 +184,10 @@ def backtest(
 
     settings = settings_from(ctx)
     now = wiring.utc_now()
+    # Whole seconds: the ticks are matched to Prometheus's step timestamps.
+    t0 = _option_time("--from", start, now).replace(microsecond=0)
+    t1 = _option_time("--to", end, now).replace(microsecond=0)
     try:
-        # Whole seconds: the ticks are matched to Prometheus's step timestamps.
-        t0 = parse_time(start, now).replace(microsecond=0)
-        t1 = parse_time(end, now).replace(microsecond=0)
         step_s, chunk_s = parse_duration(step), parse_duration(chunk)
         repair_s = parse_duration(repair_after) if repair_after else None
     except ValueError as exc:
@@ -186,7 +200,7 @@ def backtest(
     if compare:
         sets.append(("proposed", compare))
     try:
-        rulesets = [(label, load_ruleset(paths, promtool=False)) for label, paths in sets]
+        rulesets = [(label, load_ruleset(paths)) for label, paths in sets]
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(2) from exc
@@ -221,6 +235,14 @@ def backtest(
         except SourceError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from exc
+    failures = [(r.label, f) for r in reports for f in r.failures]
+    if (
+        failures
+        and all(f.ticks == r.ticks for r in reports for f in r.failures)
+        and all(len(r.failures) == len(r.rules) for r in reports)
+    ):
+        typer.echo(f"error: no query of any rule succeeded, no report: {failures[0][1].error}", err=True)
+        raise typer.Exit(1)
     comparison = compare_reports(reports[0], reports[1]) if len(reports) == 2 else None
     if output is Output.json:
         body = comparison_dict(comparison) if comparison else report_dict(reports[0])
@@ -234,3 +256,17 @@ def backtest(
             typer.echo(_table(report) + "\n")
         if comparison:
             typer.echo(_comparison_table(comparison))
+    if failures:
+        _echo_failures(failures, len(reports) > 1)
+        raise typer.Exit(1)
+
+
+def _echo_failures(failures: list[tuple[str, QueryFailure]], labelled: bool) -> None:
+    """One stderr line per rule whose query failed: the rule, how many ticks, Prometheus's error."""
+    for label, f in failures:
+        where = f" ({label})" if labelled else ""
+        typer.echo(
+            f"error: rule {f.rule}{where}: Prometheus failed for {f.ticks} tick(s), the rule was frozen "
+            f"then and the report undercounts it: {f.error}",
+            err=True,
+        )

@@ -37,14 +37,15 @@ def demo(
     ] = True,
 ) -> None:
     """Run healer on a simulated 64-node GPU fleet with real Prometheus: watch it quarantine, drain,
-    ticket and return nodes in the dashboard."""
+    ticket and return nodes in the dashboard. With --duration, exit 1 unless every node it took out
+    was back in service by then."""
     from healer.logs import configure_logging
 
     demo_module = dev_tooling("demo", command="demo")
     configure_logging("WARNING", json=False)
     if not headless:
         print("open the dashboard URL below in a browser; Ctrl-C stops the demo")
-    demo_module.run_demo(
+    summary = demo_module.run_demo(
         workdir=workdir,
         nodes=nodes,
         port=port,
@@ -53,3 +54,9 @@ def demo(
         database_url=database_url,
         real_node_exporter=real_node_exporter,
     )
+    missing = summary.unfinished() if duration is not None else None
+    if missing:
+        typer.echo(
+            f"error: the demo's story did not finish within --duration {duration:g}s: {missing}", err=True
+        )
+        raise typer.Exit(1)

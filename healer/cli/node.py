@@ -47,10 +47,11 @@ def list_nodes(
     as_json: JsonAlias = False,
 ) -> None:
     """Nodes healer is remediating (state, since, pool, incident, rule, blocked reason)."""
-    from sqlalchemy import select
+    from sqlalchemy import func, select
 
     from healer.model.states import NodeState
     from healer.store.models import Incident, Node
+    from healer.store.nodes import SWITCH_PAUSED, get_switch
 
     with store_sessions(ctx)() as session:
         query = (
@@ -72,10 +73,18 @@ def list_nodes(
             }
             for n, i in session.execute(query).all()
         ]
+        known = session.scalar(select(func.count()).select_from(Node)) or 0
+        pause = get_switch(session, SWITCH_PAUSED)
     if emit(rows, chosen(output, as_json=as_json)):
         return
+    if pause.get("paused"):
+        reason = f": {pause['reason']}" if pause.get("reason") else ""
+        typer.echo(f"healer is PAUSED{reason} (no new quarantine, drain or ticket; `healer resume` ends it)")
     if not rows:
-        typer.echo("no nodes" if all_nodes else "every node is healthy")
+        if not known:
+            typer.echo("no nodes recorded yet (has `healer run` run against this database?)")
+        else:
+            typer.echo(f"all {known} recorded node(s) are healthy")
         return
     table = [["NODE", "STATE", "SINCE", "POOL", "INCIDENT", "RULE"]]
     for r in rows:

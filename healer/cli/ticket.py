@@ -10,6 +10,7 @@ import typer
 
 from healer.cli.context import operator_name, settings_from, store_sessions
 from healer.cli.output import JsonAlias, Output, OutputOption, chosen, emit, iso
+from healer.cli.tables import columns
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -153,9 +154,19 @@ def stats_command(ctx: typer.Context, output: OutputOption = Output.TABLE) -> No
     def fmt(seconds: float | None) -> str:
         return "-" if seconds is None else f"{seconds / 3600:.1f}h"
 
-    typer.echo(f"{'PROVIDER':<20} {'OPEN':>5} {'TOTAL':>6} {'FAILED':>6} {'ACK':>8} {'REPAIR':>8}")
+    if not stats:
+        typer.echo("no tickets")
+        return
+    rows = [["PROVIDER", "OPEN", "TOTAL", "FAILED", "MEDIAN ACK", "MEDIAN REPAIR"]]
     for s in stats:
-        typer.echo(
-            f"{s.provider:<20} {s.open:>5} {s.total:>6} {s.failed:>6} "
-            f"{fmt(s.median_ack_seconds):>8} {fmt(s.median_repair_seconds):>8}"
+        rows.append(
+            [
+                s.provider,
+                str(s.open),
+                str(s.total),
+                str(s.failed),
+                fmt(s.median_ack_seconds),
+                fmt(s.median_repair_seconds),
+            ]
         )
+    typer.echo(columns(rows))

@@ -72,6 +72,16 @@ class Period:
     open: bool
 
 
+@dataclass(frozen=True)
+class QueryFailure:
+    """A rule whose query Prometheus failed for ``ticks`` ticks of the window (the rule was frozen
+    for them, as in the controller); ``error`` is the first failure's message."""
+
+    rule: str
+    ticks: int
+    error: str
+
+
 @dataclass
 class Report:
     """A backtest of one rule set over ``[start, end]`` every ``step_seconds``."""
@@ -86,6 +96,8 @@ class Report:
     nodes: list[NodeRow]
     periods: list[Period]
     breaker_trips: list[tuple[datetime, str]]
+    #: Rules whose query failed for part (or all) of the window: the report undercounts them.
+    failures: list[QueryFailure] = field(default_factory=list)
 
     def rule(self, name: str) -> RuleSummary | None:
         return next((r for r in self.rules if r.rule == name), None)

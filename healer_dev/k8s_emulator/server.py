@@ -9,6 +9,7 @@ import copy
 import json
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -67,7 +68,7 @@ class KubernetesEmulator(RestDispatch):
         class Handler(_Handler):
             emu = emulator
 
-        server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        server = _Server(("127.0.0.1", self._port), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
@@ -226,6 +227,15 @@ class KubernetesEmulator(RestDispatch):
     def eviction_count(self, pod_key: str) -> int:
         """How many eviction requests for ``namespace/name`` were accepted (201)."""
         return sum(1 for e in self.evictions if e.pod == pod_key and e.code == 201)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up before its answer (timeout, killed controller) is not an emulator
+        error: no traceback for it; anything else is printed as socketserver does."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -236,3 +237,93 @@ def test_the_rules_page_links_a_rules_backtest_report(
 
         missing = client.get("/rules/NoSuchRule/backtest", headers=bearer(VIEWER_TOKEN))
         assert missing.status_code == 404
+
+
+RULE = """groups:
+  - name: gpu
+    rules:
+      - name: {name}
+        expr: {expr}
+        for: 5m
+        severity: warning
+        annotations:
+          summary: hot
+        actions:
+          - quarantine
+"""
+
+
+def _unused_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_unreachable_prometheus_is_an_error_not_a_quiet_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULE.format(name="GpuTooHot", expr="DCGM_FI_DEV_GPU_TEMP > 78"))
+    monkeypatch.setenv("HEALER_PROMETHEUS__URL", f"http://127.0.0.1:{_unused_loopback_port()}")
+    result = CliRunner().invoke(app, ["backtest", "--from", "-3m", "--rules", str(rules), "-o", "json"])
+    assert result.exit_code == 1, result.output
+    assert "nodes_seen" not in result.stdout  # no report of zeros
+    assert "no query of any rule succeeded" in result.stderr
+    assert "Connection refused" in result.stderr
+
+
+def test_bad_promql_names_the_file_line_and_column(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if not shutil.which("promtool"):
+        pytest.skip("promtool not installed")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULE.format(name="GpuTooHot", expr="(DCGM_FI_DEV_GPU_TEMP > 78"))
+    monkeypatch.setenv("HEALER_PROMETHEUS__URL", f"http://127.0.0.1:{_unused_loopback_port()}")
+    result = CliRunner().invoke(app, ["backtest", "--from", "-3m", "--rules", str(rules)])
+    assert result.exit_code == 2, result.output
+    assert f"{rules}:5:" in result.stderr
+    assert "PromQL parse error" in result.stderr
+
+
+def test_a_rule_prometheus_cannot_evaluate_is_named_and_the_exit_is_1(
+    prometheus_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rules = tmp_path / "rules.yaml"
+    good = RULE.format(name="GpuTooHot", expr="DCGM_FI_DEV_GPU_TEMP > 78")
+    # Parses, but two GPUs per Hostname make the one-to-one match fail when Prometheus runs it.
+    bad = RULE.format(
+        name="Ambiguous", expr="DCGM_FI_DEV_GPU_TEMP * on (Hostname) DCGM_FI_DEV_XID_ERRORS"
+    ).split("\n", 3)[3]
+    rules.write_text(good + bad)
+    monkeypatch.setenv("HEALER_PROMETHEUS__URL", prometheus_url)
+    window = ["--from", START.isoformat(), "--to", (START + timedelta(hours=HOURS)).isoformat()]
+    result = CliRunner().invoke(app, ["backtest", *window, "--rules", str(rules), "-o", "json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout[result.stdout.index("{") :])
+    assert [f["rule"] for f in report["failures"]] == ["Ambiguous"]
+    assert ("gpu-node-03", "GpuTooHot") in steps(report)  # the rest of the report is still there
+    assert "error: rule Ambiguous: Prometheus failed for" in result.stderr
+    page = CliRunner().invoke(app, ["backtest", *window, "--rules", str(rules), "-o", "html"])
+    assert page.exit_code == 1
+    assert "<strong>Prometheus failed</strong> for rule Ambiguous in 481 of 481 ticks" in page.stdout
+
+
+def test_the_rule_backtest_page_is_503_when_prometheus_does_not_answer(
+    session_factory: sessionmaker[Session],
+) -> None:
+    from healer.config import load_settings
+    from healer.ruleset.loading import load_ruleset
+    from tests.integration.test_api_support import VIEWER_TOKEN, bearer, build_app, http_client
+
+    settings = load_settings(
+        prometheus={"url": f"http://127.0.0.1:{_unused_loopback_port()}"},
+        api={
+            "tokens": [{"token": VIEWER_TOKEN, "user": "victor", "role": "viewer"}],
+            "csrf_secret": "x" * 32,
+        },
+    )
+    ruleset = load_ruleset([REPO / "rules"], promtool=False)
+    app = build_app(session_factory, settings, clock=lambda: START, ruleset_provider=lambda: ruleset)
+    with http_client(app) as client:
+        page = client.get("/rules/GpuTooHot/backtest", params={"days": 0.01}, headers=bearer(VIEWER_TOKEN))
+    assert page.status_code == 503, page.text
+    assert "Connection refused" in page.text

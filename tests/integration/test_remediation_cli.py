@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from healer.cli import app
 from healer.model.states import NodeState
 from healer.store import nodes as repo
-from healer.store.models import Action
+from healer.store.models import Action, Ticket
 from healer.store.session import make_engine, make_sessionmaker, transaction
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -78,3 +78,43 @@ def test_pause_resume_and_breaker(db: str) -> None:
     assert code == 0 and "2 held node(s)" in out
     with sessions() as s:
         assert repo.get_switch(s, repo.SWITCH_BREAKER)["reset_by"] == "cli:alice"
+
+
+def test_node_list_says_what_it_knows_and_mentions_a_pause(db: str) -> None:
+    assert run("node", "list") == (0, "no nodes recorded yet (has `healer run` run against this database?)\n")
+    sessions = make_sessionmaker(make_engine(db))
+    with transaction(sessions) as s:
+        repo.get_or_create_node(s, "gpu-08", now=T0)
+    assert run("node", "list") == (0, "all 1 recorded node(s) are healthy\n")
+    run("pause", "--reason", "cluster upgrade")
+    code, out = run("node", "list")
+    assert code == 0
+    assert out.splitlines()[0].startswith("healer is PAUSED: cluster upgrade (no new quarantine")
+    assert out.splitlines()[1] == "all 1 recorded node(s) are healthy"
+
+
+def test_ticket_stats_says_no_tickets_then_aligns_its_columns(db: str) -> None:
+    assert run("ticket", "stats") == (0, "no tickets\n")
+    sessions = make_sessionmaker(make_engine(db))
+    with transaction(sessions) as s:
+        node = repo.get_or_create_node(s, "gpu-07", now=T0)
+        incident = repo.ensure_incident(s, node, now=T0, summary="hot")
+        s.add(
+            Ticket(
+                incident_id=incident.id,
+                node_id=node.id,
+                provider="acme-cloud",
+                idempotency_key="k-1",
+                status="pending",
+                created_at=T0,
+                updated_at=T0,
+            )
+        )
+    code, out = run("ticket", "stats")
+    assert code == 0
+    header, row = out.splitlines()
+    assert header.split() == ["PROVIDER", "OPEN", "TOTAL", "FAILED", "MEDIAN", "ACK", "MEDIAN", "REPAIR"]
+    assert row.split()[0] == "acme-cloud"
+    # every value starts under its header
+    for title in ("OPEN", "TOTAL", "FAILED", "MEDIAN ACK", "MEDIAN REPAIR"):
+        assert row[header.index(title)] != " ", (title, out)

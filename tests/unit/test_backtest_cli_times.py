@@ -30,3 +30,16 @@ def test_times(text: str, expected: datetime) -> None:
 def test_nonsense_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         parse_time("last tuesday", NOW)
+
+
+@pytest.mark.parametrize("option", ["--from", "--to"])
+def test_a_bad_time_names_the_option_and_the_forms_it_takes(option: str) -> None:
+    from typer.testing import CliRunner
+
+    from healer.cli import app
+
+    result = CliRunner().invoke(app, ["backtest", option, "yesterday"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {option} 'yesterday' is not a time: use ISO 8601")
+    assert "-7d" in result.stderr
+    assert "Invalid isoformat" not in result.stderr

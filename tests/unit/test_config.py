@@ -46,12 +46,18 @@ def test_file_then_environment_then_overrides(tmp_path: Path, monkeypatch: pytes
     ],
 )
 def test_bad_settings_name_the_file_and_field(tmp_path: Path, text: str, problem: str) -> None:
+    config, message = _load_error(tmp_path, text)
+    assert message.startswith(f"{config}: ")
+    assert problem in message
+
+
+def _load_error(tmp_path: Path, text: str) -> tuple[Path, str]:
+    """The settings file written with ``text`` and the message of the ConfigError loading it."""
     config = tmp_path / "healer.yaml"
     config.write_text(text)
     with pytest.raises(ConfigError) as err:
         load_settings(config)
-    assert str(err.value).startswith(f"{config}: ")
-    assert problem in str(err.value)
+    return config, str(err.value)
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
@@ -72,3 +78,44 @@ def test_detection_mode_picks_the_source(monkeypatch: pytest.MonkeyPatch) -> Non
     with wiring.prometheus_source(settings) as alerts:
         assert isinstance(alerts, PrometheusAlertsSource) and isinstance(alerts, AlertStateSource)
         assert alerts.stale_after_intervals == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("prometheus:\n  url: http://x:9090\n safety: [\n", ":3:2: not valid YAML: "),
+        ("- a\n- b\n", ": the top level must be a mapping of settings"),
+        ("just words\n", ": the top level must be a mapping of settings"),
+    ],
+)
+def test_a_malformed_file_is_one_error_naming_it(tmp_path: Path, text: str, problem: str) -> None:
+    config, message = _load_error(tmp_path, text)
+    assert message.startswith(f"{config}{problem}")
+
+
+def test_an_empty_file_means_the_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "healer.yaml"
+    config.write_text("")
+    assert load_settings(config).safety.dry_run == load_settings().safety.dry_run
+
+
+def test_a_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEALER_SAFETY__DRY_RUN", "maybe")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    message = str(err.value)
+    assert message.startswith("HEALER_SAFETY__DRY_RUN: safety.dry_run: Input should be a valid boolean")
+
+
+def test_the_cli_says_invalid_settings_in_two_lines_and_exits_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from healer.cli import app
+
+    config = tmp_path / "healer.yaml"
+    config.write_text("prometheus:\n  url: http://x:9090\n safety: [\n")
+    result = CliRunner().invoke(app, ["--config", str(config), "rules", "show"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == "error: invalid settings"
+    assert result.stderr.splitlines()[1].startswith(f"{config}:3:2: not valid YAML")
+    assert len(result.stderr.splitlines()) == 2  # no traceback

@@ -43,3 +43,45 @@ def test_progress_lines_name_every_lifecycle_step_once(migrated_sqlite_url: str)
             "gpu-node-07: quarantined -> draining (drain started)",
         ]
         assert new_steps(s, last) == ([], last)  # nothing printed twice
+
+
+def test_the_summary_says_which_faulted_nodes_are_not_back(migrated_sqlite_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from healer.config import load_settings
+    from healer.model.states import NodeState
+    from healer.store.nodes import get_or_create_node, transition
+    from healer.store.session import make_engine, make_sessionmaker, transaction
+    from healer_dev.demo import summarize
+
+    sessions = make_sessionmaker(make_engine(migrated_sqlite_url))
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    settings = load_settings()
+    assert summarize(settings, sessions, "").unfinished() == "no node was quarantined and returned to service"
+
+    def move(name: str, *states: NodeState) -> None:
+        with transaction(sessions) as s:
+            node = get_or_create_node(s, name, now=now)
+            for state in states:
+                transition(s, node, state, now=now, actor="healer", reason=f"to {state}")
+
+    for name in ("gpu-node-07", "gpu-node-12"):
+        move(name, NodeState.QUARANTINED, NodeState.VALIDATING)
+    move("gpu-node-07", NodeState.HEALTHY)
+    summary = summarize(settings, sessions, "")
+    assert summary.returned == 1
+    assert summary.unfinished() == "1 faulted node(s) not returned to service: gpu-node-12"
+    move("gpu-node-12", NodeState.HEALTHY)
+    assert summarize(settings, sessions, "").unfinished() is None
+
+
+def test_the_banner_gives_the_dashboard_and_the_prometheus_to_try_commands_against() -> None:
+    from healer_dev.demo import banner
+
+    lines = banner(
+        nodes=64, time_scale=0.1, dashboard="http://127.0.0.1:8080", prometheus="http://127.0.0.1:9091"
+    )
+    assert "dashboard: http://127.0.0.1:8080/   (JSON API: http://127.0.0.1:8080/api/v1/nodes)" in lines
+    assert lines[-1].startswith(
+        "prometheus: http://127.0.0.1:9091   (e.g. HEALER_PROMETHEUS__URL=http://127.0.0.1:9091 "
+    )
