@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             scrape_interval=args.scrape_interval,
             rule_interval=args.rule_interval,
             prometheus_args=[f"--storage.tsdb.retention.time={args.retention}"],
+            targets=2 * args.nodes,
         )
         return run(args, ruleset, work, engine)
 
@@ -311,8 +312,9 @@ def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) 
             wait_until(fresh, timeout=6 * args.rule_interval + 300, interval=0.5, what="group evaluations")
         )
 
-    groups = evaluated_after({})  # every group evaluated once with every target up
-    groups = evaluated_after(evaluations(groups))
+    groups = evaluated_after({})
+    if not engine.evaluates_full_fleet_first:
+        groups = evaluated_after(evaluations(groups))  # every group evaluated once with every target up
 
     db = f"sqlite:///{work / 'healer.db'}"
     migrate.upgrade(db)

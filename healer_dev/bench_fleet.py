@@ -107,12 +107,14 @@ def start_fleet(
 class Engine:
     """A running engine: ``query_url`` answers PromQL, ``rules_url`` serves ``/api/v1/rules`` and
     the evaluator's ``/metrics`` (Prometheus: the same server; VictoriaMetrics: vmalert), ``pid`` is
-    the storing process (for its RSS)."""
+    the storing process (for its RSS); ``evaluates_full_fleet_first``: the first rule evaluation
+    already had every target up (else wait for the second)."""
 
     name: str
     query_url: str
     rules_url: str
     pid: int
+    evaluates_full_fleet_first: bool = False
 
 
 def start_engine(
@@ -125,13 +127,16 @@ def start_engine(
     scrape_interval: int,
     rule_interval: int,
     prometheus_args: Sequence[str] = (),
+    targets: int = 0,
 ) -> Engine:
     """Start ``engine`` (``prometheus`` or ``victoria-metrics``) scraping ``file_sd`` every
     ``scrape_interval`` seconds and evaluating ``rule_file`` (groups without an interval every
     ``rule_interval`` seconds); stopped when ``stack`` closes.
 
     VictoriaMetrics runs with ``-search.latencyOffset=0s`` (:mod:`healer_dev.victoria_metrics`) and
-    :data:`VM_ARGS`; vmalert evaluates the rules against it (:mod:`healer_dev.vmalert`).
+    :data:`VM_ARGS`; vmalert evaluates the rules against it (:mod:`healer_dev.vmalert`), started
+    once ``targets`` targets are up, so its first evaluation (at its start) sees the whole fleet
+    (``Engine.evaluates_full_fleet_first``).
     """
     if engine == "victoria-metrics":
         vm = stack.enter_context(
@@ -143,6 +148,7 @@ def start_engine(
                 ready_timeout=120,
             )
         )
+        wait_for_targets(vm.url, targets, timeout=10 * scrape_interval + 900)
         alert = stack.enter_context(
             vmalert_server(
                 [rule_file],
@@ -151,7 +157,13 @@ def start_engine(
                 workdir=workdir / "vmalert",
             )
         )
-        return Engine(name="vmalert", query_url=vm.url, rules_url=alert.url, pid=vm.process.pid)
+        return Engine(
+            name="vmalert",
+            query_url=vm.url,
+            rules_url=alert.url,
+            pid=vm.process.pid,
+            evaluates_full_fleet_first=True,
+        )
     prometheus = shutil.which("prometheus")
     if not prometheus:
         raise SystemExit("needs `prometheus` (Debian package) on PATH")
