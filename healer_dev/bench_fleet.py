@@ -146,6 +146,7 @@ def start_engine(
                 workdir=workdir / "vm",
                 extra_args=VM_ARGS,
                 ready_timeout=120,
+                keepalive=False,
             )
         )
         wait_for_targets(vm.url, targets, timeout=10 * scrape_interval + 900)
