@@ -231,10 +231,11 @@ def run(
     )
 
     waited = wait_for_targets(query_url, targets, timeout=10 * args.scrape_interval + 600)
-    series = httpx.get(
-        f"{query_url}/api/v1/query", params={"query": 'count({__name__=~".+"})'}, timeout=120
-    ).json()["data"]["result"]
-    print(f"all targets up after {waited:.0f}s; series: {float(series[0]['value'][1]) if series else 0:.0f}")
+    # From the engine's own /metrics: a query counting every series ran past 120 s at 10,240 nodes.
+    series = prometheus_metric(query_url, "prometheus_tsdb_head_series") or prometheus_metric(
+        query_url, "vm_new_timeseries_created_total"
+    )
+    print(f"all targets up after {waited:.0f}s; series: {series or 0:.0f}")
 
     migrate.upgrade(f"sqlite:///{work / 'healer.db'}")
     engine = make_engine(f"sqlite:///{work / 'healer.db'}")
