@@ -25,12 +25,12 @@ this process's peak RSS; exit 0 when the median tick is under 1 s and every roun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +50,8 @@ from healer.sources.alerts import PrometheusAlertsSource, api_time
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
-from healer_dev.prometheus import free_port, wait_until
+from healer_dev.bench_fleet import Engine, start_engine, start_fleet, wait_for_targets
+from healer_dev.prometheus import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -237,205 +238,182 @@ def main(argv: list[str] | None = None) -> int:
         "renamed nodes: healer's own side of a fleet that many times larger",
     )
     parser.add_argument("--copies", type=int, default=1, help="with --from-answer")
+    parser.add_argument(
+        "--engine",
+        choices=["prometheus", "victoria-metrics"],
+        default="prometheus",
+        help="prometheus: Prometheus scrapes and evaluates; victoria-metrics: VictoriaMetrics scrapes "
+        "and answers query mode, vmalert evaluates the pack (exported without keep_firing_for) and "
+        "healer reads vmalert",
+    )
+    parser.add_argument("--simulators", type=int, default=1, help="simulator processes serving the fleet")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
     if args.from_answer:
         return replay(args.from_answer, load_ruleset([args.rules]), args.copies, args.rounds)
-    prometheus = shutil.which("prometheus")
     healer = shutil.which("healer")
-    if not prometheus or not healer:
-        print("needs `prometheus` (Debian package) and `healer` (pip install -e .) on PATH", file=sys.stderr)
+    if not healer:
+        print("needs `healer` (pip install -e .) on PATH", file=sys.stderr)
         return 2
 
     ruleset = load_ruleset([args.rules])
     work = Path(tempfile.mkdtemp(prefix="healer-alerts-bench-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        sim_port = free_port()
-        sd = work / "targets.json"
-        procs.append(
-            subprocess.Popen(
-                [
-                    healer,
-                    "simulate",
-                    f"--nodes={args.nodes}",
-                    f"--port={sim_port}",
-                    "--scenario=demo",
-                    "--speed=10",
-                    f"--file-sd={sd}",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=(work / "simulator.log").open("wb"),
-            )
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
+        stack.callback(fleet.stop)
+        vm = args.engine == "victoria-metrics"
+        exported = prometheus_rule_file(
+            ruleset, default_interval_seconds=args.rule_interval, keep_firing_for=not vm
         )
-
-        def simulator_ready() -> bool:
-            if procs[0].poll() is not None:
-                raise SystemExit(f"healer simulate exited: {(work / 'simulator.log').read_text()[-2000:]}")
-            return sd.is_file()
-
-        wait_until(simulator_ready, timeout=300, what="simulator file_sd")
-        exported = prometheus_rule_file(ruleset, default_interval_seconds=args.rule_interval)
         for group in exported["groups"]:
             group["interval"] = f"{args.rule_interval}s"
         (work / "healer.rules.yml").write_text(yaml.safe_dump(exported, sort_keys=False))
-        config = {
-            "global": {
-                "scrape_interval": f"{args.scrape_interval}s",
-                "evaluation_interval": f"{args.rule_interval}s",
-            },
-            "rule_files": [str(work / "healer.rules.yml")],
-            "scrape_configs": [{"job_name": "simulator", "file_sd_configs": [{"files": [str(sd)]}]}],
-        }
-        (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-        prom_port = free_port()
-        prom_url = f"http://127.0.0.1:{prom_port}"
-        prom = subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={work / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work / 'data'}",
-                f"--storage.tsdb.retention.time={args.retention}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=(work / "prometheus.log").open("wb"),
+        engine = start_engine(
+            args.engine,
+            stack,
+            workdir=work,
+            file_sd=fleet.file_sd,
+            rule_file=work / "healer.rules.yml",
+            scrape_interval=args.scrape_interval,
+            rule_interval=args.rule_interval,
+            prometheus_args=[f"--storage.tsdb.retention.time={args.retention}"],
+            targets=2 * args.nodes,
         )
-        procs.append(prom)
-        wait_until(lambda: httpx.get(f"{prom_url}/-/ready", timeout=2).status_code == 200, timeout=120)
-        targets = 2 * args.nodes
-        print(f"fleet: {args.nodes} nodes x 8 GPUs x 8 HCAs ({targets} targets), demo scenario at 10x")
-        print(
-            f"rules: {len(ruleset.rules)} default rules in {len(ruleset.groups)} groups, exported, "
-            f"evaluated by Prometheus every {args.rule_interval}s"
+        return run(args, ruleset, work, engine)
+
+
+def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) -> int:
+    """The rounds (see the module docstring); prints the figures, returns the exit status."""
+    prom_url, rules_url, evaluator = engine.query_url, engine.rules_url, engine.name
+    targets = 2 * args.nodes
+    print(
+        f"fleet: {args.nodes} nodes x 8 GPUs x 8 HCAs ({targets} targets, {args.simulators} "
+        f"simulator processes), demo scenario at 10x, scrape interval {args.scrape_interval}s"
+    )
+    print(
+        f"rules: {len(ruleset.rules)} default rules in {len(ruleset.groups)} groups, exported, "
+        f"evaluated by {evaluator} every {args.rule_interval}s; healer queries {args.engine}"
+    )
+
+    waited = wait_for_targets(prom_url, targets, timeout=10 * args.scrape_interval + 900)
+    print(f"all targets up after {waited:.0f}s")
+
+    def evaluated_after(previous: dict[str, str]) -> list[dict[str, Any]]:
+        """The groups, once every one of them has been evaluated since ``previous``."""
+
+        def fresh() -> list[dict[str, Any]] | None:
+            groups = rule_groups(rules_url)
+            now = evaluations(groups)
+            done = all(now[n] != previous.get(n) and not now[n].startswith("0001") for n in now)
+            return groups if done else None
+
+        return list(
+            wait_until(fresh, timeout=6 * args.rule_interval + 300, interval=0.5, what="group evaluations")
         )
 
-        def targets_up() -> bool:
-            r = httpx.get(f"{prom_url}/api/v1/query", params={"query": "count(up == 1)"}, timeout=60).json()
-            result = r["data"]["result"]
-            return bool(result) and int(float(result[0]["value"][1])) >= targets
+    groups = evaluated_after({})
+    if not engine.evaluates_full_fleet_first:
+        groups = evaluated_after(evaluations(groups))  # every group evaluated once with every target up
 
-        started = time.monotonic()
-        wait_until(
-            targets_up, timeout=10 * args.scrape_interval + 300, interval=2, what=f"{targets} targets up"
-        )
-        print(f"all targets up after {time.monotonic() - started:.0f}s")
-
-        def evaluated_after(previous: dict[str, str]) -> list[dict[str, Any]]:
-            """The groups, once every one of them has been evaluated since ``previous``."""
-
-            def fresh() -> list[dict[str, Any]] | None:
-                groups = rule_groups(prom_url)
-                now = evaluations(groups)
-                done = all(now[n] != previous.get(n) and not now[n].startswith("0001") for n in now)
-                return groups if done else None
-
-            return list(
-                wait_until(
-                    fresh, timeout=6 * args.rule_interval + 300, interval=0.5, what="group evaluations"
-                )
-            )
-
-        groups = evaluated_after({})  # every group evaluated once with every target up
+    db = f"sqlite:///{work / 'healer.db'}"
+    migrate.upgrade(db)
+    store = make_engine(db)
+    factory = make_sessionmaker(store)
+    source = PrometheusAlertsSource(rules_url, timeout_seconds=30, tick_deadline_seconds=60)
+    state = EvaluationState()
+    ticks: list[float] = []
+    cpus: list[float] = []
+    agree: list[bool] = []
+    prom_eval: list[float] = []
+    sizes: list[int] = []
+    loads: list[str] = []
+    round_no = 0
+    while round_no < args.rounds:
         groups = evaluated_after(evaluations(groups))
+        before = evaluations(groups)
+        size = len(httpx.get(f"{rules_url}/api/v1/rules", params={"type": "alert"}, timeout=60).content)
+        now = datetime.now(UTC)
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = run_detection(ruleset=ruleset, source=source, session_factory=factory, state=state, now=now)
+        tick = time.perf_counter() - t0
+        tick_cpu = time.process_time() - c0
+        state = result.state
+        after_groups = rule_groups(rules_url)
+        if evaluations(after_groups) != before:
+            print(f"  ({evaluator} evaluated a group during the tick: round not compared, run again)")
+            groups = after_groups
+            continue
+        round_no += 1
+        bad = [f"{r.rule}: {r.health} {r.error}" for r in result.reports if r.health not in ("ok", "no_data")]
+        if bad:
+            print("  alerts mode, unhealthy rules:", *bad, sep="\n    ")
+        alerts_series, alerts_unknown = active(result)
+        query_series, query_unknown = query_mode(prom_url, ruleset, groups)
+        same = alerts_series == query_series and alerts_unknown == query_unknown
+        if not same:
+            print(f"  alerts only: {sorted(alerts_series - query_series)[:5]}")
+            print(f"  query only:  {sorted(query_series - alerts_series)[:5]}")
+            print(f"  unknown: alerts {sorted(alerts_unknown)[:5]}, query {sorted(query_unknown)[:5]}")
+        ticks.append(tick)
+        cpus.append(tick_cpu)
+        agree.append(same)
+        sizes.append(size)
+        prom_eval.append(pack_evaluation(groups))
+        loads.append(" ".join(Path("/proc/loadavg").read_text().split()[:3]))
+        firing = sum(len(v) for v in result.findings.firing.values())
+        pending = sum(len(v) for v in result.findings.pending.values())
+        print(
+            f"round {round_no}: healer tick {tick * 1000:7.1f} ms ({tick_cpu * 1000:.1f} ms CPU; "
+            f"1 request, {size / 1024:.0f} KiB) | "
+            f"{firing} firing, {pending} pending, {len(result.findings.unknown)} unknown nodes | "
+            f"same as query mode: {same} ({len(alerts_series)} series) | "
+            f"{evaluator}'s evaluation of the pack {prom_eval[-1]:.2f} s | load {loads[-1]}"
+        )
+    source.close()
+    if args.save_answer:
+        answer = httpx.get(f"{rules_url}/api/v1/rules", params={"type": "alert"}, timeout=120)
+        args.save_answer.write_bytes(answer.content)
+    store.dispose()
+    median = statistics.median(ticks)
+    prom_rss = process_rss_mib(engine.pid)
+    print()
+    print(
+        f"healer tick in alerts mode (median of {len(ticks)}): {median * 1000:.1f} ms wall, "
+        f"{statistics.median(cpus) * 1000:.1f} ms CPU  (target < 1 s)"
+    )
+    print(f"same findings as query mode on the same data: {sum(agree)} of {len(agree)} rounds")
+    print(f"{evaluator}'s own evaluation of the pack (median): {statistics.median(prom_eval):.2f} s")
+    print(f"healer peak RSS: {peak_rss_mib():.0f} MiB; {args.engine} RSS: {prom_rss:.0f} MiB")
+    print(
+        json.dumps(
+            {
+                "nodes": args.nodes,
+                "engine": args.engine,
+                "rules": len(ruleset.rules),
+                "alerts_tick_ms": round(median * 1000, 1),
+                "alerts_tick_cpu_ms": round(statistics.median(cpus) * 1000, 1),
+                "answer_kib": round(statistics.median(sizes) / 1024),
+                "same_findings_as_query_mode": all(agree),
+                "engine_pack_evaluation_s": round(statistics.median(prom_eval), 2),
+                "peak_rss_mib": round(peak_rss_mib()),
+                "engine_rss_mib": round(prom_rss),
+                "load_averages": loads,
+            }
+        )
+    )
+    return 0 if median < 1.0 and all(agree) else 1
 
-        db = f"sqlite:///{work / 'healer.db'}"
-        migrate.upgrade(db)
-        engine = make_engine(db)
-        factory = make_sessionmaker(engine)
-        source = PrometheusAlertsSource(prom_url, timeout_seconds=30, tick_deadline_seconds=60)
-        state = EvaluationState()
-        ticks: list[float] = []
-        cpus: list[float] = []
-        agree: list[bool] = []
-        prom_eval: list[float] = []
-        sizes: list[int] = []
-        round_no = 0
-        while round_no < args.rounds:
-            groups = evaluated_after(evaluations(groups))
-            before = evaluations(groups)
-            size = len(httpx.get(f"{prom_url}/api/v1/rules", params={"type": "alert"}, timeout=60).content)
-            now = datetime.now(UTC)
-            t0, c0 = time.perf_counter(), time.process_time()
-            result = run_detection(
-                ruleset=ruleset, source=source, session_factory=factory, state=state, now=now
-            )
-            tick = time.perf_counter() - t0
-            tick_cpu = time.process_time() - c0
-            state = result.state
-            after_groups = rule_groups(prom_url)
-            if evaluations(after_groups) != before:
-                print("  (Prometheus evaluated a group during the tick: round not compared, run again)")
-                groups = after_groups
-                continue
-            round_no += 1
-            bad = [
-                f"{r.rule}: {r.health} {r.error}" for r in result.reports if r.health not in ("ok", "no_data")
-            ]
-            if bad:
-                print("  alerts mode, unhealthy rules:", *bad, sep="\n    ")
-            alerts_series, alerts_unknown = active(result)
-            query_series, query_unknown = query_mode(prom_url, ruleset, groups)
-            same = alerts_series == query_series and alerts_unknown == query_unknown
-            if not same:
-                print(f"  alerts only: {sorted(alerts_series - query_series)[:5]}")
-                print(f"  query only:  {sorted(query_series - alerts_series)[:5]}")
-                print(f"  unknown: alerts {sorted(alerts_unknown)[:5]}, query {sorted(query_unknown)[:5]}")
-            ticks.append(tick)
-            cpus.append(tick_cpu)
-            agree.append(same)
-            sizes.append(size)
-            prom_eval.append(sum(float(g["evaluationTime"]) for g in groups))
-            firing = sum(len(v) for v in result.findings.firing.values())
-            pending = sum(len(v) for v in result.findings.pending.values())
-            print(
-                f"round {round_no}: healer tick {tick * 1000:7.1f} ms ({tick_cpu * 1000:.1f} ms CPU; "
-                f"1 request, {size / 1024:.0f} KiB) | "
-                f"{firing} firing, {pending} pending, {len(result.findings.unknown)} unknown nodes | "
-                f"same as query mode: {same} ({len(alerts_series)} series) | "
-                f"Prometheus's evaluation of the pack {prom_eval[-1]:.2f} s"
-            )
-        source.close()
-        if args.save_answer:
-            answer = httpx.get(f"{prom_url}/api/v1/rules", params={"type": "alert"}, timeout=120)
-            args.save_answer.write_bytes(answer.content)
-        engine.dispose()
-        median = statistics.median(ticks)
-        prom_rss = process_rss_mib(prom.pid)
-        print()
-        print(
-            f"healer tick in alerts mode (median of {len(ticks)}): {median * 1000:.1f} ms wall, "
-            f"{statistics.median(cpus) * 1000:.1f} ms CPU  (target < 1 s)"
-        )
-        print(f"same findings as query mode on the same data: {sum(agree)} of {len(agree)} rounds")
-        print(f"Prometheus's own evaluation of the pack (median): {statistics.median(prom_eval):.2f} s")
-        print(f"healer peak RSS: {peak_rss_mib():.0f} MiB; Prometheus RSS: {prom_rss:.0f} MiB")
-        print(
-            json.dumps(
-                {
-                    "nodes": args.nodes,
-                    "rules": len(ruleset.rules),
-                    "alerts_tick_ms": round(median * 1000, 1),
-                    "alerts_tick_cpu_ms": round(statistics.median(cpus) * 1000, 1),
-                    "answer_kib": round(statistics.median(sizes) / 1024),
-                    "same_findings_as_query_mode": all(agree),
-                    "prometheus_pack_evaluation_s": round(statistics.median(prom_eval), 2),
-                    "peak_rss_mib": round(peak_rss_mib()),
-                    "prometheus_rss_mib": round(prom_rss),
-                }
-            )
-        )
-        return 0 if median < 1.0 and all(agree) else 1
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+
+def pack_evaluation(groups: list[dict[str, Any]]) -> float:
+    """The engine's own evaluation time of the pack, seconds: the sum over groups (vmalert 1.79
+    reports no group time: the sum of its rules' times)."""
+    return sum(
+        float(g["evaluationTime"])
+        if "evaluationTime" in g
+        else sum(float(r["evaluationTime"]) for r in g.get("rules") or [])
+        for g in groups
+    )
 
 
 if __name__ == "__main__":

@@ -1,13 +1,23 @@
 """Detection benchmark: healer's tick beside Prometheus's own evaluation of the same rules.
 
 Run: ``python bench/detection_bench.py [--nodes 2048] [--rounds 5] [--scrape-interval 15]
-[--rule-interval 30]``
+[--rule-interval 30] [--engine prometheus|victoria-metrics] [--simulators 1]``
 
 Starts ``healer simulate`` (``--nodes`` nodes x 8 GPUs x 8 HCAs, the demo scenario at 10x speed
 so its faults are on within a minute) and a real Prometheus discovering the simulator's 2 x N
 targets through file_sd. Prometheus also loads every default rule as ONE alerting rule group (the
 same PromQL, via ``to_prometheus_rules``), so ``prometheus_rule_group_last_duration_seconds`` is
 its sequential evaluation of exactly what healer queries.
+
+``--engine victoria-metrics``: VictoriaMetrics (``-search.latencyOffset=0s``) scrapes the fleet
+and answers healer's queries, and vmalert evaluates the same single group against it (the rules
+exported without ``keep_firing_for``, which vmalert 1.79 rejects and which costs nothing to
+evaluate); the group's time is vmalert's own iteration duration
+(``vmalert_iteration_duration_seconds``, the difference of its ``_sum`` over one evaluation) and
+the slowest rules its per-rule ``evaluationTime``. vmalert is a client of VictoriaMetrics' query
+API as healer is, one query after another.
+
+``--simulators N`` serves the fleet from N ``healer simulate`` processes (``healer_dev.bench_fleet``).
 
 Each round waits for a fresh evaluation of that group, reads its duration, then runs one healer
 detection tick (``run_detection``: one instant query per rule, ``--concurrency`` at a time,
@@ -21,11 +31,12 @@ the slowest rules on both sides, and this process's peak RSS (target < 300 MB).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import shutil
+import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +53,8 @@ from healer.ruleset.loading import load_ruleset, to_prometheus_rules
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
-from healer_dev.prometheus import free_port, wait_until
+from healer_dev.bench_fleet import Engine, start_engine, start_fleet, wait_for_targets
+from healer_dev.prometheus import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP = "healer-default-rules"
@@ -68,6 +80,71 @@ def rule_group(url: str) -> dict[str, Any]:
     return next(g for g in groups if g["name"] == GROUP)
 
 
+class Evaluator:
+    """The engine's own evaluation of the one group: when it last ran, how long it took."""
+
+    def last_evaluation(self) -> str:
+        raise NotImplementedError
+
+    def duration(self) -> float:
+        """Seconds of the last evaluation of the group (read right after it)."""
+        raise NotImplementedError
+
+    def rule_times(self) -> dict[str, float]:
+        """Each rule's evaluation time in the last evaluation, seconds."""
+        return {r["name"]: float(r["evaluationTime"]) for r in rule_group(self.url)["rules"]}
+
+    url: str
+
+
+class PrometheusEvaluator(Evaluator):
+    def __init__(self, url: str, rule_file: Path) -> None:
+        self.url, self.rule_file = url, rule_file
+
+    def last_evaluation(self) -> str:
+        return str(rule_group(self.url)["lastEvaluation"])
+
+    def duration(self) -> float:
+        found = prometheus_metric(
+            self.url, "prometheus_rule_group_last_duration_seconds", rule_group=f"{self.rule_file};{GROUP}"
+        )
+        assert found is not None, "prometheus_rule_group_last_duration_seconds not found"
+        return found
+
+
+class VmalertEvaluator(Evaluator):
+    """vmalert's iteration time: the growth of ``vmalert_iteration_duration_seconds_sum`` over one
+    iteration (its quantiles are over a window, not the last one)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._seen = self._iterations()
+
+    def _iterations(self) -> tuple[float, float]:
+        total = prometheus_metric(self.url, "vmalert_iteration_duration_seconds_sum", group=GROUP) or 0.0
+        count = prometheus_metric(self.url, "vmalert_iteration_duration_seconds_count", group=GROUP) or 0.0
+        return total, count
+
+    def last_evaluation(self) -> str:
+        return str(rule_group(self.url)["lastEvaluation"])
+
+    def duration(self) -> float:
+        total, count = wait_until(
+            lambda: (now := self._iterations())[1] > self._seen[1] and now, timeout=30, what="vmalert metrics"
+        )
+        before_total, before_count = self._seen
+        self._seen = (total, count)
+        return float(total - before_total) / float(count - before_count)
+
+
+def process_rss_mib(pid: int) -> float:
+    """Current resident set size of ``pid``, MiB (from /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,232 +156,228 @@ def main(argv: list[str] | None = None) -> int:
         "--rule-interval",
         type=int,
         default=30,
-        help="seconds between Prometheus's group evaluations; healer ticks in between, so keep it "
+        help="seconds between the engine's group evaluations; healer ticks in between, so keep it "
         "above twice the evaluation time or the two overlap",
     )
     parser.add_argument("--rules", type=Path, default=REPO / "rules")
     parser.add_argument("--concurrency", type=int, default=4, help="queries of one tick in flight at once")
+    parser.add_argument(
+        "--engine",
+        choices=["prometheus", "victoria-metrics"],
+        default="prometheus",
+        help="prometheus: Prometheus scrapes and evaluates; victoria-metrics: VictoriaMetrics scrapes "
+        "and answers, vmalert evaluates",
+    )
+    parser.add_argument("--simulators", type=int, default=1, help="simulator processes serving the fleet")
+    parser.add_argument(
+        "--no-sequential",
+        action="store_true",
+        help="skip the tick one query at a time (halves a round where one evaluation takes minutes)",
+    )
     args = parser.parse_args(argv)
-    prometheus = shutil.which("prometheus")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
     healer = shutil.which("healer")
-    if not prometheus or not healer:
-        print("needs `prometheus` (Debian package) and `healer` (pip install -e .) on PATH", file=sys.stderr)
+    if not healer:
+        print("needs `healer` (pip install -e .) on PATH", file=sys.stderr)
         return 2
 
     ruleset = load_ruleset([args.rules])
-    rules = ruleset.rules
     work = Path(tempfile.mkdtemp(prefix="healer-bench-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        sim_port = free_port()
-        sd = work / "targets.json"
-        procs.append(
-            subprocess.Popen(
-                [
-                    healer,
-                    "simulate",
-                    f"--nodes={args.nodes}",
-                    f"--port={sim_port}",
-                    "--scenario=demo",
-                    "--speed=10",
-                    f"--file-sd={sd}",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=(work / "simulator.log").open("wb"),
-            )
-        )
-        wait_until(lambda: sd.is_file(), timeout=120, what="simulator file_sd")
-
-        one_group = {
-            "groups": [
-                {
-                    "name": GROUP,
-                    "interval": f"{args.rule_interval}s",
-                    "rules": [r for g in to_prometheus_rules(ruleset)["groups"] for r in g["rules"]],
-                }
-            ]
-        }
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, ignore_errors=True)
+        fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
+        stack.callback(fleet.stop)
+        exported = [r for g in to_prometheus_rules(ruleset)["groups"] for r in g["rules"]]
+        if args.engine == "victoria-metrics":
+            exported = [{k: v for k, v in r.items() if k != "keep_firing_for"} for r in exported]
+        one_group = {"groups": [{"name": GROUP, "interval": f"{args.rule_interval}s", "rules": exported}]}
         (work / "rules.yml").write_text(yaml.safe_dump(one_group, sort_keys=False))
-        config = {
-            "global": {
-                "scrape_interval": f"{args.scrape_interval}s",
-                "evaluation_interval": f"{args.rule_interval}s",
-            },
-            "rule_files": [str(work / "rules.yml")],
-            "scrape_configs": [{"job_name": "simulator", "file_sd_configs": [{"files": [str(sd)]}]}],
-        }
-        (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-        prom_port = free_port()
-        prom_url = f"http://127.0.0.1:{prom_port}"
-        procs.append(
-            subprocess.Popen(
-                [
-                    prometheus,
-                    f"--config.file={work / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={work / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=(work / "prometheus.log").open("wb"),
+        engine = start_engine(
+            args.engine,
+            stack,
+            workdir=work,
+            file_sd=fleet.file_sd,
+            rule_file=work / "rules.yml",
+            scrape_interval=args.scrape_interval,
+            rule_interval=args.rule_interval,
+            targets=2 * args.nodes,
+        )
+        evaluator: Evaluator = (
+            VmalertEvaluator(engine.rules_url)
+            if args.engine == "victoria-metrics"
+            else PrometheusEvaluator(engine.rules_url, work / "rules.yml")
+        )
+        return run(args, ruleset, work, engine, evaluator)
+
+
+def run(
+    args: argparse.Namespace,
+    ruleset: Any,
+    work: Path,
+    engine_info: Engine,
+    evaluator: Evaluator,
+) -> int:
+    """The rounds (see the module docstring); prints the figures, returns the exit status."""
+    rules = ruleset.rules
+    query_url, engine_pid, engine_name = engine_info.query_url, engine_info.pid, engine_info.name
+    targets = 2 * args.nodes
+    print(
+        f"fleet: {args.nodes} nodes x 8 GPUs x 8 HCAs ({targets} targets, {args.simulators} simulator "
+        f"processes), demo scenario at 10x; engine {args.engine}, scrape interval {args.scrape_interval}s"
+    )
+    print(
+        f"rules: {len(rules)} default rules, evaluated by {engine_name} as one group "
+        f"every {args.rule_interval}s"
+    )
+
+    waited = wait_for_targets(query_url, targets, timeout=10 * args.scrape_interval + 600)
+    # From the engine's own /metrics: a query counting every series ran past 120 s at 10,240 nodes.
+    series = prometheus_metric(query_url, "prometheus_tsdb_head_series") or prometheus_metric(
+        query_url, "vm_new_timeseries_created_total"
+    )
+    print(f"all targets up after {waited:.0f}s; series: {series or 0:.0f}")
+
+    migrate.upgrade(f"sqlite:///{work / 'healer.db'}")
+    engine = make_engine(f"sqlite:///{work / 'healer.db'}")
+    factory = make_sessionmaker(engine)
+    source = PrometheusSource(query_url, timeout_seconds=300, tick_deadline_seconds=600)
+    state = EvaluationState()
+
+    def evaluated_after(t: str | None) -> str:
+        return str(
+            wait_until(
+                lambda: (e := evaluator.last_evaluation()) != t and not e.startswith("0001") and e,
+                timeout=6 * args.rule_interval + 300,
+                interval=0.2,
+                what="a rule group evaluation",
             )
         )
-        wait_until(lambda: httpx.get(f"{prom_url}/-/ready", timeout=2).status_code == 200, timeout=60)
-        targets = 2 * args.nodes
-        print(f"fleet: {args.nodes} nodes x 8 GPUs x 8 HCAs ({targets} targets), demo scenario at 10x")
-        print(
-            f"rules: {len(rules)} default rules, "
-            f"evaluated by Prometheus as one group every {args.rule_interval}s"
-        )
 
-        def targets_up() -> bool:
-            r = httpx.get(f"{prom_url}/api/v1/query", params={"query": "count(up == 1)"}, timeout=30).json()
-            result = r["data"]["result"]
-            return bool(result) and int(float(result[0]["value"][1])) >= targets
-
-        started = time.monotonic()
-        wait_until(
-            targets_up, timeout=10 * args.scrape_interval + 120, interval=2, what=f"{targets} targets up"
-        )
-        head = prometheus_metric(prom_url, "prometheus_tsdb_head_series") or 0.0
-        print(f"all targets up after {time.monotonic() - started:.0f}s; head series: {head:.0f}")
-
-        migrate.upgrade(f"sqlite:///{work / 'healer.db'}")
-        engine = make_engine(f"sqlite:///{work / 'healer.db'}")
-        factory = make_sessionmaker(engine)
-        source = PrometheusSource(prom_url, timeout_seconds=30, tick_deadline_seconds=120)
-        state = EvaluationState()
-
-        def evaluated_after(t: str | None) -> str:
-            return str(
-                wait_until(
-                    lambda: (g := rule_group(prom_url))["lastEvaluation"] != t and g["lastEvaluation"],
-                    timeout=3 * args.rule_interval,
-                    interval=0.2,
-                    what="a rule group evaluation",
-                )
-            )
-
-        last = evaluated_after(None)  # one full group evaluation with every target up
+    last = evaluated_after(None)
+    if not engine_info.evaluates_full_fleet_first:
+        last = evaluated_after(last)  # one full group evaluation with every target up
+    evaluator.duration()
+    prom_times: list[float] = []
+    healer_times: list[float] = []
+    sequential_times: list[float] = []
+    same_findings: list[bool] = []
+    query_times: list[float] = []
+    loads: list[str] = []
+    queries: set[int] = set()
+    slowest_prom: dict[str, float] = {}
+    slowest_healer: dict[str, float] = {}
+    findings = 0
+    for i in range(args.rounds):
         last = evaluated_after(last)
-        prom_times: list[float] = []
-        healer_times: list[float] = []
-        sequential_times: list[float] = []
-        same_findings: list[bool] = []
-        query_times: list[float] = []
-        queries: set[int] = set()
-        slowest_prom: dict[str, float] = {}
-        slowest_healer: dict[str, float] = {}
-        findings = 0
-        for i in range(args.rounds):
-            last = evaluated_after(last)
-            duration = prometheus_metric(
-                prom_url,
-                "prometheus_rule_group_last_duration_seconds",
-                rule_group=f"{work / 'rules.yml'};{GROUP}",
-            )
-            assert duration is not None, "prometheus_rule_group_last_duration_seconds not found"
-            group = rule_group(prom_url)
-            for r in group["rules"]:
-                slowest_prom[r["name"]] = max(slowest_prom.get(r["name"], 0.0), float(r["evaluationTime"]))
-            prom_times.append(duration)
-            sent = source.queries_sent
-            now = datetime.now(UTC)
-            t0 = time.perf_counter()
-            result = run_detection(
-                ruleset=ruleset,
-                source=source,
-                session_factory=factory,
-                state=state,
-                now=now,
-                concurrency=args.concurrency,
-            )
-            healer_times.append(time.perf_counter() - t0)
-            queries.add(source.queries_sent - sent)
-            # The same tick, one query at a time, from the same state at the same time: the
-            # concurrent tick must find exactly what the sequential one finds.
+        duration = evaluator.duration()
+        for name, seconds in evaluator.rule_times().items():
+            slowest_prom[name] = max(slowest_prom.get(name, 0.0), seconds)
+        prom_times.append(duration)
+        sent = source.queries_sent
+        now = datetime.now(UTC)
+        t0 = time.perf_counter()
+        result = run_detection(
+            ruleset=ruleset,
+            source=source,
+            session_factory=factory,
+            state=state,
+            now=now,
+            concurrency=args.concurrency,
+        )
+        healer_times.append(time.perf_counter() - t0)
+        queries.add(source.queries_sent - sent)
+        # The same tick, one query at a time, from the same state at the same time: the
+        # concurrent tick must find exactly what the sequential one finds.
+        if not args.no_sequential:
             t0 = time.perf_counter()
             sequential = run_detection(
                 ruleset=ruleset, source=source, session_factory=None, state=state, now=now, concurrency=1
             )
             sequential_times.append(time.perf_counter() - t0)
             same_findings.append(_found(sequential) == _found(result))
-            state = result.state
-            query_times.append(sum(r.duration_seconds for r in result.reports))
-            for r in result.reports:
-                slowest_healer[r.rule] = max(slowest_healer.get(r.rule, 0.0), r.duration_seconds)
-            unhealthy = [
-                f"{r.rule}: {r.health} {r.error}" for r in result.reports if r.health not in ("ok", "no_data")
-            ]
-            if unhealthy:
-                print("  unhealthy rules:", *unhealthy, sep="\n    ")
-            findings = sum(len(v) for v in result.findings.firing.values()) + sum(
-                len(v) for v in result.findings.pending.values()
-            )
-            print(
-                f"round {i + 1}: Prometheus group {duration * 1000:7.1f} ms | healer tick "
-                f"{healer_times[-1] * 1000:7.1f} ms (sum of queries {query_times[-1] * 1000:7.1f} ms; "
+        state = result.state
+        query_times.append(sum(r.duration_seconds for r in result.reports))
+        for r in result.reports:
+            slowest_healer[r.rule] = max(slowest_healer.get(r.rule, 0.0), r.duration_seconds)
+        unhealthy = [
+            f"{r.rule}: {r.health} {r.error}" for r in result.reports if r.health not in ("ok", "no_data")
+        ]
+        if unhealthy:
+            print("  unhealthy rules:", *unhealthy, sep="\n    ")
+        findings = sum(len(v) for v in result.findings.firing.values()) + sum(
+            len(v) for v in result.findings.pending.values()
+        )
+        loads.append(load_average())
+        print(
+            f"round {i + 1}: {engine_name} group {duration * 1000:7.1f} ms | healer tick "
+            f"{healer_times[-1] * 1000:7.1f} ms (sum of queries {query_times[-1] * 1000:7.1f} ms; "
+            + (
                 f"sequential tick {sequential_times[-1] * 1000:7.1f} ms, same findings {same_findings[-1]}), "
-                f"{findings} findings, {len(result.findings.unknown)} unknown nodes"
+                if sequential_times
+                else "no sequential tick), "
             )
-        source.close()
-        engine.dispose()
+            + f"{findings} findings, {len(result.findings.unknown)} unknown nodes | load {loads[-1]}"
+        )
+    source.close()
+    engine.dispose()
 
-        prom_median = statistics.median(prom_times)
-        healer_median = statistics.median(healer_times)
-        query_median = statistics.median(query_times)
-        print()
-        print(f"Prometheus rule group evaluation (median of {args.rounds}): {prom_median * 1000:8.1f} ms")
-        print(f"healer detection tick            (median of {args.rounds}): {healer_median * 1000:8.1f} ms")
-        print(f"  sum of its queries' times                          : {query_median * 1000:8.1f} ms")
-        seq_median = statistics.median(sequential_times)
-        print(f"the same tick one query at a time (median)           : {seq_median * 1000:8.1f} ms")
+    prom_median = statistics.median(prom_times)
+    healer_median = statistics.median(healer_times)
+    query_median = statistics.median(query_times)
+    engine_rss = process_rss_mib(engine_pid)
+    print()
+    print(f"{engine_name} rule group evaluation (median of {args.rounds}): {prom_median * 1000:8.1f} ms")
+    print(f"healer detection tick            (median of {args.rounds}): {healer_median * 1000:8.1f} ms")
+    print(f"  sum of its queries' times                          : {query_median * 1000:8.1f} ms")
+    seq_median = statistics.median(sequential_times) if sequential_times else float("nan")
+    print(f"the same tick one query at a time (median)           : {seq_median * 1000:8.1f} ms")
+    print(
+        f"concurrency {args.concurrency}: findings identical to the sequential tick in "
+        f"{sum(same_findings)} of {len(same_findings)} rounds"
+    )
+    print(f"ratio healer / {engine_name}: {healer_median / prom_median:.2f}  (target <= 0.6)")
+    print(f"queries per tick: {sorted(queries)} for {len(rules)} rules  (target: exactly one per rule)")
+    print(
+        f"healer peak RSS: {peak_rss_mib():.0f} MiB  (target < 300 MB); "
+        f"{args.engine} RSS {engine_rss:.0f} MiB"
+    )
+    top = sorted(slowest_healer, key=slowest_healer.__getitem__, reverse=True)[:5]
+    print(f"slowest rules (max over rounds), healer query vs {engine_name} rule evaluation:")
+    for name in top:
         print(
-            f"concurrency {args.concurrency}: findings identical to the sequential tick in "
-            f"{sum(same_findings)} of {len(same_findings)} rounds"
+            f"  {name:32s} {slowest_healer[name] * 1000:8.1f} ms  {slowest_prom.get(name, 0) * 1000:8.1f} ms"
         )
-        print(f"ratio healer / Prometheus: {healer_median / prom_median:.2f}  (target <= 0.6)")
-        print(f"queries per tick: {sorted(queries)} for {len(rules)} rules  (target: exactly one per rule)")
-        print(f"healer peak RSS: {peak_rss_mib():.0f} MiB  (target < 300 MB)")
-        top = sorted(slowest_healer, key=slowest_healer.__getitem__, reverse=True)[:5]
-        print("slowest rules (max over rounds), healer query vs Prometheus rule evaluation:")
-        for name in top:
-            print(
-                f"  {name:32s} {slowest_healer[name] * 1000:8.1f} ms"
-                f"  {slowest_prom.get(name, 0) * 1000:8.1f} ms"
-            )
-        print(
-            json.dumps(
-                {
-                    "nodes": args.nodes,
-                    "rules": len(rules),
-                    "prometheus_ms": round(prom_median * 1000, 1),
-                    "healer_tick_ms": round(healer_median * 1000, 1),
-                    "ratio": round(healer_median / prom_median, 2),
-                    "sequential_tick_ms": round(seq_median * 1000, 1),
-                    "concurrency": args.concurrency,
-                    "same_findings_as_sequential": all(same_findings),
-                    "queries_per_tick": sorted(queries),
-                    "peak_rss_mib": round(peak_rss_mib()),
-                }
-            )
+    print(
+        json.dumps(
+            {
+                "nodes": args.nodes,
+                "engine": args.engine,
+                "rules": len(rules),
+                "engine_group_ms": round(prom_median * 1000, 1),
+                "healer_tick_ms": round(healer_median * 1000, 1),
+                "ratio": round(healer_median / prom_median, 2),
+                "sequential_tick_ms": round(seq_median * 1000, 1) if sequential_times else None,
+                "concurrency": args.concurrency,
+                "same_findings_as_sequential": all(same_findings) if same_findings else None,
+                "queries_per_tick": sorted(queries),
+                "peak_rss_mib": round(peak_rss_mib()),
+                "engine_rss_mib": round(engine_rss),
+                "load_averages": loads,
+            }
         )
-        ok = (
-            healer_median <= 0.6 * prom_median
-            and all(same_findings)
-            and queries == {len(rules)}
-            and peak_rss_mib() < 300
-        )
-        return 0 if ok else 1
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+    )
+    ok = (
+        healer_median <= 0.6 * prom_median
+        and all(same_findings)
+        and queries == {len(rules)}
+        and peak_rss_mib() < 300
+    )
+    return 0 if ok else 1
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages (``uptime``'s figures)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _found(result: DetectionResult) -> tuple[set[tuple[str, str]], set[tuple[str, str]], frozenset[str]]:

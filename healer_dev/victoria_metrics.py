@@ -44,20 +44,25 @@ def victoria_metrics_server(
     workdir: Path | None = None,
     port: int | None = None,
     ready_timeout: float = 30.0,
+    keepalive: bool = True,
 ) -> Iterator[VictoriaMetricsServer]:
     """Start VictoriaMetrics scraping ``targets`` and the ``file_sd`` JSON files (job ``fleet``,
     re-read every second); stop it on exit.
 
     ``workdir`` keeps the config, data and log there (kept on exit); default a temporary directory
     removed on exit. ``extra_args`` are appended to the command line (e.g. ``-memory.allowedPercent``).
+    ``keepalive=False`` opens a connection per scrape (VictoriaMetrics' ``disable_keepalive``): the
+    fleet simulator answers each open connection in a thread of its own, and 10,000 idle
+    keep-alive connections are 10,000 threads fighting for one interpreter lock.
     """
     keep = workdir is not None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-vm-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "global": {"scrape_interval": scrape_interval},
-        "scrape_configs": scrape_configs(targets, scrape_interval=scrape_interval, file_sd=file_sd),
-    }
+    configs = scrape_configs(targets, scrape_interval=scrape_interval, file_sd=file_sd)
+    if not keepalive:
+        for c in configs:
+            c["disable_keepalive"] = True
+    config = {"global": {"scrape_interval": scrape_interval}, "scrape_configs": configs}
     (workdir / "promscrape.yml").write_text(yaml.safe_dump(config))
     binary = find_binary("victoria-metrics", package="victoria-metrics")
     try:

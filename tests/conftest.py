@@ -21,7 +21,14 @@ from tests.helm import NAMESPACE as HELM_NAMESPACE
 from tests.helm import rendered_objects, require_helm
 from tests.kube_cluster import BUILD_HINT, ControlPlane, control_plane, find_binaries
 from tests.kube_cluster import REPORT as KUBE_REPORT
-from tests.services import PostgresServer, SharedVictoriaMetrics, postgres_server, shared_victoria_metrics
+from tests.services import (
+    PostgresServer,
+    SharedVictoriaMetrics,
+    SharedVmalert,
+    postgres_server,
+    shared_victoria_metrics,
+    shared_vmalert,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -119,6 +126,17 @@ def victoria_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Share
     so a query for now sees the last scrape; storage in a temporary directory, 1 day retention."""
     with shared_victoria_metrics(tmp_path_factory.mktemp("victoria-metrics")) as vm:
         yield vm
+
+
+@pytest.fixture(scope="session")
+def vmalert(
+    victoria_metrics: SharedVictoriaMetrics, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SharedVmalert]:
+    """vmalert (Debian package ``victoria-metrics``) on loopback for the session, evaluating against
+    the session's VictoriaMetrics the rule file a test hands to ``load(doc)``; queries unaligned
+    (``-datasource.queryTimeAlignment=false``), notifications to a closed port."""
+    with shared_vmalert(tmp_path_factory.mktemp("vmalert"), victoria_metrics.url) as alert:
+        yield alert
 
 
 # --- a real Kubernetes control plane (tests/kube_cluster.py) --------------------------------------

@@ -1,4 +1,5 @@
-"""Real services for tests: a throwaway PostgreSQL server, Prometheus and VictoriaMetrics servers.
+"""Real services for tests: a throwaway PostgreSQL server, Prometheus and VictoriaMetrics servers,
+and vmalert evaluating rules against that VictoriaMetrics.
 
 Started by fixtures in ``tests/conftest.py``; nothing here is mocked. Binaries come from Debian's
 packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``), which ``.ci/run`` installs.
@@ -30,17 +31,20 @@ from healer_dev.prometheus import (
     wait_until,
 )
 from healer_dev.victoria_metrics import VictoriaMetricsServer, victoria_metrics_server
+from healer_dev.vmalert import VmalertServer, vmalert_server
 
 __all__ = [
     "PostgresServer",
     "PrometheusServer",
     "ScrapeTarget",
     "SharedVictoriaMetrics",
+    "SharedVmalert",
     "VictoriaMetricsServer",
     "free_port",
     "postgres_server",
     "prometheus_server",
     "shared_victoria_metrics",
+    "shared_vmalert",
     "simulator_targets",
     "text_exporter",
     "victoria_metrics_server",
@@ -203,6 +207,46 @@ def shared_victoria_metrics(workdir: Path) -> Iterator[SharedVictoriaMetrics]:
     extra = ["-search.maxQueryDuration=120s"]
     with victoria_metrics_server(file_sd=[targets_file], workdir=workdir / "vm", extra_args=extra) as server:
         yield SharedVictoriaMetrics(server=server, targets_file=targets_file)
+
+
+@dataclass
+class SharedVmalert:
+    """One vmalert for the session (``vmalert`` fixture), evaluating against the session's
+    VictoriaMetrics whatever rule file the test running now hands to :meth:`load`."""
+
+    server: VmalertServer
+    rules_file: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def load(self, rule_file: Mapping[str, Any]) -> None:
+        """Evaluate ``rule_file`` (a Prometheus rule file's document) instead of the previous one;
+        returns once vmalert lists exactly its groups."""
+        self._write(rule_file)
+        want = sorted(str(g["name"]) for g in rule_file.get("groups") or [])
+
+        def loaded() -> bool:
+            self.server.reload()
+            body = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()
+            return sorted(g["name"] for g in body["data"]["groups"] or []) == want  # none: null
+
+        wait_until(loaded, timeout=30, interval=0.5, what="vmalert to load the rule file")
+
+    def _write(self, rule_file: Mapping[str, Any]) -> None:
+        staged = self.rules_file.with_suffix(".tmp")
+        staged.write_text(json.dumps(rule_file))  # JSON is YAML
+        staged.replace(self.rules_file)
+
+
+@contextlib.contextmanager
+def shared_vmalert(workdir: Path, datasource_url: str) -> Iterator[SharedVmalert]:
+    """Start vmalert on ``workdir/rules.yml`` (no groups) against ``datasource_url``; stop it on exit."""
+    rules_file = workdir / "rules.yml"
+    rules_file.write_text('{"groups": []}')
+    with vmalert_server([rules_file], datasource_url=datasource_url, workdir=workdir / "vmalert") as server:
+        yield SharedVmalert(server=server, rules_file=rules_file)
 
 
 # --- exporters --------------------------------------------------------------------------------

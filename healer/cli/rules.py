@@ -290,10 +290,19 @@ def export(
         ),
     ] = None,
     no_promql: NoPromql = False,
+    no_keep_firing_for: Annotated[
+        bool,
+        typer.Option(
+            "--no-keep-firing-for",
+            help="Leave keep_firing_for out, for engines that reject it (vmalert before 1.94, "
+            "Prometheus before 2.42): healer then holds firing alerts itself.",
+        ),
+    ] = False,
 ) -> None:
     """Write the rule set as a Prometheus rule file (YAML, stdout) for alerts mode
     (detection.mode: alerts): groups with their interval, expr, for, keep_firing_for, labels
     (severity, the rule's, healer_rule: <rule>) and annotations (plus healer_rule_digest).
+    vmalert reads the same file (before 1.94 with --no-keep-firing-for).
     Invalid rule files: every problem on stderr, exit 1, nothing written."""
     from ruamel.yaml import YAML
     from ruamel.yaml.scalarstring import LiteralScalarString
@@ -315,10 +324,13 @@ def export(
             name=name,
             namespace=namespace,
             labels=_label_pairs(label or []),
+            keep_firing_for=not no_keep_firing_for,
         )
         groups = doc["spec"]["groups"]
     else:
-        doc = prometheus_rule_file(v.ruleset, default_interval_seconds=interval)
+        doc = prometheus_rule_file(
+            v.ruleset, default_interval_seconds=interval, keep_firing_for=not no_keep_firing_for
+        )
         groups = doc["groups"]
     for group in groups:
         for rule in group["rules"]:

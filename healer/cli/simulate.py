@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
@@ -70,8 +71,20 @@ def simulate(
     management_hcas: Annotated[
         int, typer.Option(min=0, max=4, help="Management HCAs per node after the 8 compute ones (mlx5_8...).")
     ] = 0,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="K/N: list only the nodes whose index is K modulo N in --file-sd (N processes, each "
+            "with the same fleet options and --started-at, serve one fleet on N cores).",
+        ),
+    ] = None,
+    started_at: Annotated[
+        float | None,
+        typer.Option(help="Unix time at which scenario time 0 is (default: when this process starts)."),
+    ] = None,
 ) -> None:
     """Serve dcgm-exporter and node_exporter scrapes for a simulated fleet, with scripted faults."""
+    part = _shard(shard)
     sim = dev_tooling("simulator", command="simulate")
     try:
         loaded = sim.load_scenario(scenario) if scenario else sim.Scenario()
@@ -90,13 +103,15 @@ def simulate(
         typer.echo(f"error: invalid scenario\n{exc}", err=True)
         raise typer.Exit(2) from exc
     try:
-        clock = sim.ElapsedClock(speed=speed)
+        offset = (time.time() - started_at) * speed if started_at is not None else 0.0
+        clock = sim.ElapsedClock(speed=speed, offset=offset)
         server = sim.SimulatorServer(fleet, clock=clock, host=host, port=port, advertise=advertise)
     except OSError as exc:
         typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         raise typer.Exit(1) from exc
     if file_sd is not None:
-        server.write_file_sd(file_sd)
+        names = fleet.node_names
+        server.write_file_sd(file_sd, nodes=names[part[0] :: part[1]] if part else None)
     first = fleet.node_names[0]
     typer.echo(
         f"simulating {nodes} nodes ({label_style} labels, dcgm-exporter {exporter_version} shape, "
@@ -119,3 +134,14 @@ def simulate(
     finally:
         server.stop()
         sys.stdout.flush()
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    """``K/N`` as (K, N); exit 2 on anything else."""
+    if text is None:
+        return None
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit()) or not 0 <= int(k) < int(n):
+        typer.echo(f"error: --shard {text!r}: expected K/N with 0 <= K < N", err=True)
+        raise typer.Exit(2)
+    return int(k), int(n)

@@ -28,7 +28,10 @@ returned. The semantics are Prometheus's alerting rules (prometheus/prometheus `
 - Alerts mode (``QueryResult.judged``): Prometheus evaluated the rule and judged each series
   itself; a series it reports ``firing`` has met its ``for``, a pending one has not, and one it
   no longer reports is resolved (its ``keep_firing_for`` already ran in Prometheus). Episodes,
-  changes, unknown nodes and frozen rules are as above.
+  changes, unknown nodes and frozen rules are as above. An engine that evaluated the rule without
+  ``keep_firing_for`` (``QueryResult.engine_keeps_firing`` False: vmalert before 1.94) leaves the
+  recovery hold to this evaluation, as in query mode; a series it reports again while held (as a
+  new, pending alert) is still firing here and its hold starts over.
 
 Errors: none raised for bad data; a duplicate label set in one result is reported as the rule's
 error (as Prometheus does) and the rule is frozen for the tick.
@@ -93,6 +96,9 @@ class QueryResult:
     samples: list[Sample]
     warnings: list[str] = field(default_factory=list)
     judged: bool = False
+    engine_keeps_firing: bool = True
+    """Judged results only: the engine applied the rule's ``keep_firing_for``. False: it evaluated
+    the rule without one (vmalert before 1.94); the evaluation holds firing series itself."""
 
 
 @dataclass(frozen=True)
@@ -447,7 +453,8 @@ def _step_rule(
             # a recovery hold in progress starts over once data returns (clear must be continuous).
             state[key] = replace(old, clear_since=None) if old.clear_since else old
             continue
-        if old.state == FindingState.FIRING and rule.keep_firing_for > 0 and not outcome.judged:
+        held_by_engine = outcome.judged and outcome.engine_keeps_firing
+        if old.state == FindingState.FIRING and rule.keep_firing_for > 0 and not held_by_engine:
             clear_since = old.clear_since or now
             if not _held(clear_since, now, rule.keep_firing_for):
                 state[key] = replace(old, clear_since=clear_since)

@@ -16,6 +16,11 @@ Each healer rule becomes one Prometheus alerting rule (format: Prometheus docs, 
 
 Every group gets an ``interval`` (the group's, else ``scheduler.default_interval_seconds``), so
 Prometheus evaluates each group as often as healer's query mode would.
+
+``keep_firing_for=False`` leaves ``keep_firing_for`` out, for engines that reject the field
+(vmalert before 1.94, e.g. Debian's 1.79; Prometheus before 2.42). The digest still covers it:
+alerts mode then sees that the engine reports no hold for the rule and holds firing alerts itself
+(:mod:`healer.sources.alerts`).
 """
 
 from __future__ import annotations
@@ -50,12 +55,13 @@ def alert_labels(rule: Rule) -> dict[str, str]:
 
 
 def prometheus_rule_groups(
-    ruleset: RuleSet, *, default_interval_seconds: float | None
+    ruleset: RuleSet, *, default_interval_seconds: float | None, keep_firing_for: bool = True
 ) -> list[dict[str, Any]]:
     """The ``groups`` list of a Prometheus rule file (also a ``PrometheusRule``'s ``spec.groups``).
 
     A group without an ``interval`` gets ``default_interval_seconds``; None writes none for it
-    (Prometheus's global ``evaluation_interval`` then applies)."""
+    (Prometheus's global ``evaluation_interval`` then applies). ``keep_firing_for=False``: the
+    field is left out (see the module docstring)."""
     groups: list[dict[str, Any]] = []
     for group in ruleset.groups:
         rules: list[dict[str, Any]] = []
@@ -63,7 +69,7 @@ def prometheus_rule_groups(
             item: dict[str, Any] = {"alert": rule.name, "expr": rule.expr}
             if rule.for_:
                 item["for"] = format_duration(rule.for_)
-            if rule.keep_firing_for:
+            if rule.keep_firing_for and keep_firing_for:
                 item["keep_firing_for"] = format_duration(rule.keep_firing_for)
             item["labels"] = alert_labels(rule)
             item["annotations"] = {**rule.annotations, DIGEST_ANNOTATION: rule_digest(rule)}
@@ -77,9 +83,16 @@ def prometheus_rule_groups(
     return groups
 
 
-def prometheus_rule_file(ruleset: RuleSet, *, default_interval_seconds: float | None) -> dict[str, Any]:
-    """A Prometheus rule file (``rule_files:`` of prometheus.yml; ``promtool check rules`` accepts it)."""
-    return {"groups": prometheus_rule_groups(ruleset, default_interval_seconds=default_interval_seconds)}
+def prometheus_rule_file(
+    ruleset: RuleSet, *, default_interval_seconds: float | None, keep_firing_for: bool = True
+) -> dict[str, Any]:
+    """A Prometheus rule file (``rule_files:`` of prometheus.yml; ``promtool check rules`` accepts
+    it; vmalert reads it too, with ``keep_firing_for=False`` before vmalert 1.94)."""
+    return {
+        "groups": prometheus_rule_groups(
+            ruleset, default_interval_seconds=default_interval_seconds, keep_firing_for=keep_firing_for
+        )
+    }
 
 
 def prometheus_rule_object(
@@ -89,6 +102,7 @@ def prometheus_rule_object(
     name: str = "healer-rules",
     namespace: str | None = None,
     labels: Mapping[str, str] | None = None,
+    keep_firing_for: bool = True,
 ) -> dict[str, Any]:
     """A ``monitoring.coreos.com/v1`` ``PrometheusRule`` for the Prometheus Operator.
 
@@ -104,6 +118,8 @@ def prometheus_rule_object(
         "kind": "PrometheusRule",
         "metadata": metadata,
         "spec": {
-            "groups": prometheus_rule_groups(ruleset, default_interval_seconds=default_interval_seconds)
+            "groups": prometheus_rule_groups(
+                ruleset, default_interval_seconds=default_interval_seconds, keep_firing_for=keep_firing_for
+            )
         },
     }

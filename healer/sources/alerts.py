@@ -30,6 +30,20 @@ Alert labels are the expression's labels plus ``alertname`` and the rule's stati
 (``severity``, the rule's ``labels``, ``healer_rule``); those are removed again, so a series has
 the same key, node and GPU as in query mode. (An expression label named like a static label is
 overwritten by Prometheus: keep rule ``labels`` names apart from the expressions' labels.)
+
+vmalert (VictoriaMetrics) answers the same endpoint in the same shape; where it differs, healer
+reads it explicitly (checked against a real vmalert 1.79 in ``tests/integration``):
+
+- it adds ``alertgroup`` (the group's name) to every alert's labels: removed too, on an answer
+  from vmalert (its rule entries carry ``group_id``, Prometheus's do not) when the value is the
+  group's name;
+- the rule's hold is ``keepFiringFor`` (Prometheus 2.42+) or ``keep_firing_for`` (vmalert 1.94+),
+  seconds. An engine that reports none for a rule whose ``keep_firing_for`` is set evaluated the
+  rule without it (vmalert before 1.94 rejects the field: export with ``--no-keep-firing-for``):
+  healer then holds the rule's firing alerts itself (``QueryResult.engine_keeps_firing``). A hold
+  other than the rule's: unavailable, as another version of the rule;
+- ``value`` is printed as a plain number (``"86"``, Prometheus ``"8.6e+01"``), ``lastEvaluation``
+  of a rule never evaluated is the zero time, ``interval`` is seconds (as Prometheus): same reading.
 """
 
 from __future__ import annotations
@@ -51,6 +65,8 @@ from healer.sources.prometheus import PrometheusSource, _excerpt
 __all__ = ["PrometheusAlertsSource"]
 
 _STATES = {"firing": True, "pending": False}
+#: The label vmalert adds to every alert: the name of the rule's group.
+VMALERT_GROUP_LABEL = "alertgroup"
 
 
 class PrometheusAlertsSource(PrometheusSource):
@@ -177,13 +193,19 @@ class PrometheusAlertsSource(PrometheusSource):
                 f"{self._where}: Prometheus last evaluated {rule.name} {age:.0f}s before this tick "
                 f"(its group runs every {interval:g}s): rule evaluation is stopped or lagging"
             )
+        engine_keeps_firing = self._engine_hold(rule, prom_rule)
         static = set(prom_rule.get("labels") or {}) | {ALERT_NAME_LABEL}
+        group_label = (VMALERT_GROUP_LABEL, str(group.get("name"))) if "group_id" in prom_rule else None
         samples = []
         for alert in prom_rule.get("alerts") or []:
             state = _STATES.get(str(alert.get("state")))
             if state is None:
                 continue  # inactive (resolved, kept for Alertmanager): not a finding
-            labels = {k: str(v) for k, v in (alert.get("labels") or {}).items() if k not in static}
+            labels = {
+                k: str(v)
+                for k, v in (alert.get("labels") or {}).items()
+                if k not in static and (k, str(v)) != group_label
+            }
             samples.append(
                 Sample(
                     labels=labels,
@@ -195,7 +217,22 @@ class PrometheusAlertsSource(PrometheusSource):
                     ),
                 )
             )
-        return QueryResult(samples=samples, judged=True)
+        return QueryResult(samples=samples, judged=True, engine_keeps_firing=engine_keeps_firing)
+
+    def _engine_hold(self, rule: Rule, prom_rule: Mapping[str, Any]) -> bool:
+        """True when the engine applies ``rule``'s ``keep_firing_for`` itself, False when it
+        reports no hold for it (healer holds); raises SourceUnavailable on another hold."""
+        reported = prom_rule.get("keepFiringFor", prom_rule.get("keep_firing_for"))
+        hold = float(reported or 0)
+        if hold == rule.keep_firing_for:
+            return True
+        if hold == 0:
+            return False
+        raise SourceUnavailable(
+            f"{self._where}: the engine holds {rule.name} for {hold:g}s after it clears "
+            f"(keep_firing_for), healer's rule {rule.keep_firing_for:g}s: re-export "
+            "(`healer rules export`) and reload it"
+        )
 
 
 def api_time(text: object) -> datetime | None:

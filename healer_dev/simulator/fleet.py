@@ -601,9 +601,15 @@ class Fleet:
         return groups
 
     def write_file_sd(
-        self, path: Path | str, *, address: str, node_exporters: dict[str, str] | None = None
+        self,
+        path: Path | str,
+        *,
+        address: str,
+        node_exporters: dict[str, str] | None = None,
+        nodes: list[str] | None = None,
     ) -> Path:
-        """Write :meth:`targets` as a ``file_sd_configs`` JSON file, atomically (Prometheus watches it).
+        """Write :meth:`targets` (of ``nodes``, default every node) as a ``file_sd_configs`` JSON
+        file, atomically (Prometheus watches it).
 
         Returns the path written. Raises OSError when the directory is not writable.
         """
@@ -611,6 +617,6 @@ class Fleet:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".sd-", suffix=".json", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(self.targets(address, node_exporters=node_exporters), fh, indent=1)
+            json.dump(self.targets(address, nodes, node_exporters=node_exporters), fh, indent=1)
         os.replace(tmp, target)
         return target

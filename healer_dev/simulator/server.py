@@ -202,10 +202,19 @@ class SimulatorServer:
         """Base URL, e.g. ``http://127.0.0.1:9400``."""
         return f"http://{self.host}:{self.port}"
 
-    def write_file_sd(self, path: Path | str, *, node_exporters: dict[str, str] | None = None) -> Path:
-        """Write every target as a ``file_sd_configs`` JSON file pointing at this server (the
-        InfiniBand side at ``node_exporters`` ``{node: host:port}`` instead, where given)."""
-        return self.fleet.write_file_sd(path, address=self.address, node_exporters=node_exporters)
+    def write_file_sd(
+        self,
+        path: Path | str,
+        *,
+        node_exporters: dict[str, str] | None = None,
+        nodes: list[str] | None = None,
+    ) -> Path:
+        """Write the targets of ``nodes`` (default every node) as a ``file_sd_configs`` JSON file
+        pointing at this server (the InfiniBand side at ``node_exporters`` ``{node: host:port}``
+        instead, where given)."""
+        return self.fleet.write_file_sd(
+            path, address=self.address, node_exporters=node_exporters, nodes=nodes
+        )
 
     def serve_forever(self) -> None:
         """Serve in the calling thread until :meth:`stop` (or KeyboardInterrupt)."""

@@ -64,3 +64,29 @@ def test_a_firing_episode_seen_pending_again_stays_firing() -> None:
     state, _ = tick(judged(AlertState(firing=True, active_at=T0)), EvaluationState(), 0)
     state, changes = tick(judged(AlertState(firing=False, active_at=T0 + timedelta(seconds=50))), state, 60)
     assert changes == [ChangeKind.UPDATED] and state.series[KEY].state == FindingState.FIRING
+
+
+def unheld(*alerts: AlertState) -> QueryResult:
+    """Judged by an engine that evaluated the rule without its keep_firing_for (vmalert 1.79)."""
+    return QueryResult(
+        samples=[Sample(labels=HOT, value=84.0, alert=a) for a in alerts],
+        judged=True,
+        engine_keeps_firing=False,
+    )
+
+
+def test_keep_firing_held_here_when_the_engine_evaluated_without_it() -> None:
+    state, _ = tick(unheld(AlertState(firing=True, active_at=T0)), EvaluationState(), 0)
+    # The engine dropped the alert at 60 s: healer holds it for the rule's 600 s.
+    state, changes = tick(unheld(), state, 60)
+    assert changes == [] and state.series[KEY].state == FindingState.FIRING
+    assert state.series[KEY].clear_since == T0 + timedelta(seconds=60)
+    # True again while held (the engine starts a new, pending alert): firing, hold starts over.
+    state, changes = tick(unheld(AlertState(firing=False, active_at=T0 + timedelta(seconds=90))), state, 90)
+    assert changes == [ChangeKind.UPDATED] and state.series[KEY].state == FindingState.FIRING
+    assert state.series[KEY].clear_since is None
+    state, changes = tick(unheld(), state, 120)
+    state, changes = tick(unheld(), state, 120 + 599)
+    assert changes == [] and KEY in state.series
+    state, changes = tick(unheld(), state, 120 + 600)
+    assert changes == [ChangeKind.RESOLVED] and KEY not in state.series

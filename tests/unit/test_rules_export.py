@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -98,3 +99,31 @@ def test_export_interval_defaults_to_the_scheduler_interval(runner: CliRunner, t
     assert result.exit_code == 0, result.output
     (group,) = YAML(typ="safe").load(result.stdout)["groups"]
     assert group["interval"] == "45s"
+
+
+def test_export_without_keep_firing_for_is_what_vmalert_1_79_loads(runner: CliRunner, tmp_path: Path) -> None:
+    full = runner.invoke(app, ["rules", "export", "--no-promql", str(PACK)])
+    bare = runner.invoke(app, ["rules", "export", "--no-promql", "--no-keep-firing-for", str(PACK)])
+    assert full.exit_code == bare.exit_code == 0, full.output + bare.output
+    assert "keep_firing_for" in full.stdout and "keep_firing_for" not in bare.stdout
+    yaml = YAML(typ="safe")
+    full_rules = [r for g in yaml.load(full.stdout)["groups"] for r in g["rules"]]
+    bare_rules = [r for g in yaml.load(bare.stdout)["groups"] for r in g["rules"]]
+    # Same rules, same digests (healer's rules are unchanged): only the field is left out.
+    assert [{k: v for k, v in r.items() if k != "keep_firing_for"} for r in full_rules] == bare_rules
+    for name, text in (("full", full.stdout), ("bare", bare.stdout)):
+        (tmp_path / f"{name}.yml").write_text(text)
+    vmalert = shutil.which("vmalert")
+    if vmalert is None:
+        pytest.skip("vmalert (Debian package victoria-metrics) not on PATH")
+
+    def dry_run(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [vmalert, f"-rule={tmp_path / name}", "-dryRun"], capture_output=True, text=True, timeout=60
+        )
+
+    assert dry_run("bare.yml").returncode == 0
+    refused = dry_run("full.yml")
+    if refused.returncode == 0:
+        pytest.skip("this vmalert (1.94+) knows keep_firing_for")
+    assert "keep_firing_for" in refused.stdout + refused.stderr
