@@ -129,6 +129,12 @@ def query_ticks(setup: Setup, seconds: float) -> DetectionResult:
     return out[-1]
 
 
+def _unknown_between(before: DetectionResult, alerts: DetectionResult, after: DetectionResult) -> bool:
+    """Alerts mode's unknown nodes lie between query mode's just before and just after it."""
+    b, a, c = before.findings.unknown, alerts.findings.unknown, after.findings.unknown
+    return b & c <= a <= b | c
+
+
 def firing_where(result: DetectionResult) -> set[tuple[str, str]]:
     return {(f.rule, f.node) for fs in result.findings.firing.values() for f in fs}
 
@@ -156,14 +162,20 @@ def test_alerts_mode_on_vmalert_finds_what_query_mode_finds(setup: Setup) -> Non
         alerts = alerts_tick(setup)
         after = query_ticks(setup, 3.0)
         attempts.append((identity(before), identity(alerts), identity(after)))
-        if identity(alerts) in (identity(before), identity(after)):
+        same = identity(alerts) in (identity(before), identity(after))
+        if same and _unknown_between(before, alerts, after):
             break
     b, a, c = attempts[-1]
     assert a in (b, c), f"alerts only: {a - b}; query only: {b - a}"
     assert firing_where(alerts) >= EXPECTED_FIRING
     # Both modes name the same unknown nodes; a loaded machine may miss a 1 s scrape of some
-    # other node's exporter (a no_data rule then holds it too, in both modes alike).
-    assert alerts.findings.unknown == before.findings.unknown
+    # other node's exporter for a moment (a no_data rule then holds it too, in both modes alike),
+    # so alerts mode's unknown nodes are those query mode named just before or just after.
+    assert _unknown_between(before, alerts, after), (
+        before.findings.unknown,
+        alerts.findings.unknown,
+        after.findings.unknown,
+    )
     assert DOWN in alerts.findings.unknown
     assert {r.health for r in alerts.reports} == {RuleHealth.OK, RuleHealth.NO_DATA}
     found = [f for fs in alerts.findings.firing.values() for f in fs]
