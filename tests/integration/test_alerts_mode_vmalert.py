@@ -61,8 +61,11 @@ class Setup:
 
 @pytest.fixture(scope="module")
 def setup(
-    victoria_metrics: SharedVictoriaMetrics, vmalert: SharedVmalert, tmp_path_factory: pytest.TempPathFactory
+    vmalert_victoria_metrics: SharedVictoriaMetrics,
+    vmalert: SharedVmalert,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Setup]:
+    victoria_metrics = vmalert_victoria_metrics
     tmp = tmp_path_factory.mktemp("alerts-vmalert")
     ruleset = load_ruleset([shortened_rules(tmp / "rules")])
     vmalert.load(prometheus_rule_file(ruleset, default_interval_seconds=30, keep_firing_for=False))
