@@ -130,10 +130,9 @@ def victoria_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Share
 
 @pytest.fixture(scope="session")
 def vmalert_victoria_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedVictoriaMetrics]:
-    """A VictoriaMetrics of its own behind ``vmalert``, as ``victoria_metrics`` is. Not that one:
-    VictoriaMetrics 1.79 does not show a series again at once after ``delete_series`` when the same
-    labels come back, and the alerts-mode tests' fleet reuses the engine-agreement tests' node
-    names (seen: `GpuMissing` for a node on VictoriaMetrics only, after the two shared one)."""
+    """A VictoriaMetrics of its own behind ``vmalert``, set up as ``victoria_metrics`` is: vmalert
+    evaluates whatever the alerts-mode tests scrape into it, and the engine-agreement tests (whose
+    fleet has the same node names) never share its storage."""
     with shared_victoria_metrics(tmp_path_factory.mktemp("vmalert-victoria-metrics")) as vm:
         yield vm
 
