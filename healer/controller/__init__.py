@@ -1,11 +1,11 @@
-"""The controller: the scheduler's jobs, and one reconcile per node used by both passes.
+"""The controller: the scheduler's jobs, and the reconcile both passes use.
 
 ==============  ==================================================================================
 module          job
 ==============  ==================================================================================
 ``scheduler``   the process behind ``healer run``: jobs, leadership, shutdown (:class:`Controller`)
 ``passes``      the tick pass (:func:`remediate`) and the drain pass (:func:`advance_drains`)
-``reconcile``   one node: observe → decide → judge → apply → record (:class:`Reconciler`)
+``reconcile``   nodes in waves: observe → decide → judge → apply → record (:class:`Reconciler`)
 ``observe``     the node read once, and its facts from the database
 ``apply``       a step's effects through ``NodeActions`` (one patch, one status patch, Events)
 ``record``      the step's transition, memory, audit rows and ticket

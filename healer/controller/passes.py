@@ -1,5 +1,5 @@
 """The two passes the scheduler runs (only the leader, each with ``now``), both through
-:meth:`~healer.controller.reconcile.Reconciler.reconcile`:
+:meth:`~healer.controller.reconcile.Reconciler.reconcile_all`:
 
 * :func:`remediate` (every tick, after evaluation): sync the fleet, judge the circuit breaker once,
   then reconcile every node with findings or not healthy;
@@ -110,13 +110,18 @@ def _reconcile_all(
     states: Mapping[str, str],
     **kw: object,
 ) -> None:
+    """Reconcile the nodes read (in ``names``' order; those backing off were not read), and keep
+    each node's outcome and backoff."""
+    readable = [(name, seen[name]) for name in names if name in seen and seen[name].error is None]
+    _, outcomes = rec.reconcile_all(readable, state, **kw)  # type: ignore[arg-type]
+    reconciled = {o.node: o for o in outcomes}
     for name in names:
         if name not in seen:
             continue  # backing off
-        if seen[name].error is not None:
-            outcome = NodeOutcome(name, states.get(name, NodeState.HEALTHY), None, error=seen[name].error)
-        else:
-            state, outcome = rec.reconcile(name, state, seen[name], **kw)  # type: ignore[arg-type]
+        error = seen[name].error
+        outcome = reconciled.get(name) or NodeOutcome(
+            name, states.get(name, NodeState.HEALTHY), None, error=error
+        )
         result.outcomes.append(outcome)
         if outcome.error:
             backoff.failed(name, outcome.error, rec.now)
@@ -147,8 +152,8 @@ def remediate(
         findings: this tick's findings (``healer.engine.evaluation``).
         rules: the rule set the findings came from (actions, drain options, recovery hold).
         actions: the Kubernetes adapter (or the dry-run recorder); every call is idempotent.
-        session_factory: short transactions, committed before every cluster write (a step's record
-            and the next step's plan share one; see :meth:`Reconciler.reconcile`).
+        session_factory: short transactions, committed before every wave of cluster writes (see
+            :meth:`Reconciler.reconcile_all`).
         settings: ``safety`` (budget, breaker, windows) and ``kubernetes`` (opt-out and pool
             labels, annotation domain).
         now: the tick's time (aware UTC).

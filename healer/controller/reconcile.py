@@ -1,21 +1,22 @@
-"""One node's reconcile, in the style of controller-runtime's ``Reconcile``, used by both passes.
+"""The nodes' reconcile, in the style of controller-runtime's ``Reconcile``, used by both passes.
 
 ::
 
     read the node once ─> observe ─> decide ─> judge ─> apply ─> record ─┐
-                          (database    (engine.   (engine.  (Node-    (one   │ up to max_steps,
-                           + the node)  lifecycle) safety)  Actions)   txn)  │ from the node as the
-                              ▲                                              │ last write left it
+                          (database    (engine.   (engine.  (Node-    (the   │ up to max_steps,
+                           + the node)  lifecycle) safety)  Actions)  wave's │ from the node as the
+                              ▲                                        txn)  │ last write left it
                               └──────────────────────────────────────────────┘
 
-Each step is short: observe, decide and judge run in a transaction (a refusal is recorded there);
-the Kubernetes effects run with no transaction open; the record follows in a transaction. A
-step's record and the next step's plan share one transaction, and a step with no cluster write is
-recorded in the transaction that planned it: the transaction is committed before every cluster
-write and at the end, so a node going healthy → suspect → quarantined → awaiting_repair in one
-pass takes two transactions, not seven. The effects run before the record and are idempotent, so
-a crash in between repeats them harmlessly next time instead of leaving the database claiming a
-cordon that never happened (which would read as a human uncordon).
+A pass's nodes move in waves (:meth:`Reconciler.reconcile_all`). In a wave, node after node in the
+pass's order, the last cluster writes are recorded and the next step is observed, decided and
+judged (a refusal is recorded there), all in one transaction; a step with no cluster write is
+recorded in the wave that planned it. The transaction is committed, then the wave's cluster writes
+run with no transaction open, several nodes at once (each node's own writes in order). So a burst
+of nodes going healthy → suspect → quarantined → awaiting_repair takes two transactions in all,
+and their cordons go out together rather than one node after another. The effects run before the
+record and are idempotent, so a crash in between repeats them harmlessly next time instead of
+leaving the database claiming a cordon that never happened (which would read as a human uncordon).
 
 Crash consistency: the step's intent (step, from, to, holder, fencing number) is written to the
 node's row in the transaction that decides it, before the first cluster write; the record clears
@@ -24,19 +25,25 @@ and :mod:`healer.controller.ownership` settles them on the next start (released,
 the incident its still-firing finding opens).
 
 Fencing (:mod:`healer.controller.fence`): leadership is re-checked before every cluster write and
-every record, and the database's fencing number in the record's transaction; the transition is a
-compare-and-set on the state the step was decided from. :class:`~healer.errors.NotLeader` ends the
-pass (nothing more is written); :class:`~healer.errors.StaleState` drops that node's step (the
-next pass decides again from the state now recorded).
+every node's record, and the database's fencing number when a wave's transaction opens and again
+before it commits; the transition is a compare-and-set on the state the step was decided from,
+sent before anything else of the record. :class:`~healer.errors.NotLeader` ends the pass (the
+wave's transaction rolls back: nothing more is written); :class:`~healer.errors.StaleState` drops
+that node's step, having written nothing of it (the next pass decides again from the state now
+recorded), and the wave goes on.
 
-A :class:`~healer.errors.KubernetesError` ends the reconcile with the failed effect recorded (the
-pass backs the node off); ``KubernetesNotFound`` means the node was deleted: its incident closes
-and its budget slot frees. Database errors propagate (the pass fails and is retried whole).
+A :class:`~healer.errors.KubernetesError` ends that node's reconcile with the failed effect recorded
+(the pass backs the node off); ``KubernetesNotFound`` means the node was deleted: its incident
+closes and its budget slot frees. Database errors propagate: the pass fails, the wave's records
+are lost with its transaction (the intents committed before its writes stay, and the next pass
+repeats the idempotent writes and records them).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -56,7 +63,7 @@ from healer.engine import safety
 from healer.errors import KubernetesError, KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
-from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState
+from healer.model.states import OUT_OF_SERVICE, ActionStatus, NodeState, TicketStatus
 from healer.ruleset.schema import RuleSet
 from healer.ruleset.xid_catalog import XidCatalog
 from healer.store import nodes as repo
@@ -68,6 +75,12 @@ log = logging.getLogger(__name__)
 MAX_STEPS_PER_TICK = 4
 #: States after which a reconcile stops: the next step needs new evidence or a human.
 _SETTLED = frozenset({NodeState.HEALTHY, NodeState.RELEASED, NodeState.BLOCKED})
+#: Nodes whose cluster writes a pass keeps in flight at once (each node's own writes stay in
+#: order; the dry-run recorder, which writes to the database, goes one node at a time).
+WRITES_IN_FLIGHT = 8
+#: Nodes moved together, wave after wave, before the next ones start (bounds how long a wave's
+#: transaction holds its locks, and the rows it keeps in memory).
+WAVE_NODES = 500
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,27 @@ class _Plan:
     drain: DrainPlan
     refusal: safety.Decision | None = None
     blocked: bool = False
+
+
+@dataclass(frozen=True)
+class _Write:
+    """A node's step, planned and judged, waiting for its cluster writes (after the wave's commit)."""
+
+    seen: Seen
+    plan: _Plan
+
+
+@dataclass(frozen=True)
+class _Result:
+    """What a :class:`_Write` came to: the effects applied, the node gone (404), or an error that
+    ends the pass (``NotLeader``, or a failure no effect maps)."""
+
+    applied: Applied | None = None
+    gone: bool = False
+    error: BaseException | None = None
+
+
+_Steps = Generator[_Write, _Result, NodeOutcome]
 
 
 @dataclass
@@ -142,97 +176,176 @@ class Reconciler:
             fencing_token=self.fence.token,
         )
 
-    def reconcile(
+    def reconcile_all(
         self,
-        name: str,
+        nodes: Sequence[tuple[str, Seen]],
         state: safety.SafetyState,
-        seen: Seen,
         *,
         max_steps: int = MAX_STEPS_PER_TICK,
         drain_due: bool = False,
-    ) -> tuple[safety.SafetyState, NodeOutcome]:
-        """Take ``name`` up to ``max_steps`` steps from ``seen`` (its one read this pass).
+    ) -> tuple[safety.SafetyState, list[NodeOutcome]]:
+        """Take each node in ``nodes`` (its name and its one read this pass, in the pass's order) up
+        to ``max_steps`` steps; returns the safety state (budget used so far) and the outcomes, in
+        the same order.
 
         ``drain_due`` (the drain pass) lets a draining node take one drain round, then the step its
-        report calls for. Returns the safety state (budget used so far) and the node's outcome.
+        report calls for.
 
-        Transactions: a step's record and the next step's plan share one, and a step that writes
-        nothing to the cluster is recorded in the transaction that planned it; the transaction is
-        committed before every cluster write (so the step's intent is durable first) and at the
-        end. So a node going healthy → quarantined → awaiting_repair in one pass takes two.
+        The nodes move in waves. A wave records what the previous wave's cluster writes did and
+        plans each node's next step, node after node in the pass's order (so the budget and the
+        breaker judge the same sequence as one node at a time), in one transaction; the transaction
+        is committed (every step's intent durable first), then the wave's cluster writes run, up to
+        :data:`WRITES_IN_FLIGHT` nodes at once, each node's own in order. A step that writes
+        nothing to the cluster is recorded in the wave that planned it. So a burst of nodes going
+        healthy → quarantined → awaiting_repair takes two transactions in all, not two per node,
+        and their cordons go out together. Leadership is re-checked before each node's record and
+        plan, and the database's fencing number before each commit. Nodes go in groups of
+        :data:`WAVE_NODES`, one group's waves after the other's.
         """
-        run = _Run(self.sessions, self.fence)
+        self._safety = state
+        outcomes: list[NodeOutcome] = []
+        for start in range(0, len(nodes), WAVE_NODES):
+            outcomes += self._waves(
+                nodes[start : start + WAVE_NODES], max_steps=max_steps, drain_due=drain_due
+            )
+        return self._safety, outcomes
+
+    def _waves(
+        self, nodes: Sequence[tuple[str, Seen]], *, max_steps: int, drain_due: bool
+    ) -> list[NodeOutcome]:
+        """:meth:`reconcile_all` of up to :data:`WAVE_NODES` nodes."""
+        wave = _Wave(self.sessions, self.fence, [name for name, _ in nodes])
+        runs = wave.runs
+        steps: list[_Steps] = [
+            self._steps(run, name, seen, max_steps=max_steps, drain_due=drain_due)
+            for run, (name, seen) in zip(runs, nodes, strict=True)
+        ]
+        outcomes: dict[int, NodeOutcome] = {}
         try:
-            state, outcome = self._steps(run, name, state, seen, max_steps=max_steps, drain_due=drain_due)
+            starts: dict[int, _Result | None] = dict.fromkeys(range(len(steps)))
+            waiting = self._advance(wave, steps, starts, outcomes)
+            while waiting:
+                self._commit(wave)  # every waiting step's intent is durable before its first cluster write
+                order = sorted(waiting)
+                results = self._write_all([waiting[i] for i in order])
+                waiting = self._advance(wave, steps, dict(zip(order, results, strict=True)), outcomes)
+            self._commit(wave)
         except BaseException:
-            run.rollback()
+            wave.rollback()
             raise
-        self._commit(run)
-        return state, outcome
+        return [outcomes[i] for i in range(len(nodes))]
+
+    def _advance(
+        self,
+        wave: _Wave,
+        steps: list[_Steps],
+        results: dict[int, _Result | None],
+        outcomes: dict[int, NodeOutcome],
+    ) -> dict[int, _Write]:
+        """Run each node in ``results`` (None: its first step; else what its writes did), in the
+        pass's order, to its next cluster write or its end; returns the nodes waiting for writes."""
+        # the nodes about to observe or record: their rows in one SELECT, not one per node
+        wave.prefetch([i for i, r in results.items() if r is None or not r.gone])
+        waiting: dict[int, _Write] = {}
+        for i, result in results.items():
+            self.fence.check()
+            try:
+                waiting[i] = next(steps[i]) if result is None else steps[i].send(result)
+            except StopIteration as end:
+                outcomes[i] = end.value
+        return waiting
+
+    def _write_all(self, writes: list[_Write]) -> list[_Result]:
+        """The waiting steps' cluster writes, up to :data:`WRITES_IN_FLIGHT` nodes at once; raises
+        the first error that ends the pass (nothing of the wave is recorded then: the intents
+        committed stay for the ownership reconcile, the effects are idempotent)."""
+
+        def one(write: _Write) -> _Result:
+            try:
+                return _Result(applied=self._apply(write.seen, write.plan))
+            except KubernetesNotFound:
+                return _Result(gone=True)
+            except BaseException as exc:
+                return _Result(error=exc)
+
+        workers = min(WRITES_IN_FLIGHT, len(writes))
+        if workers < 2 or self.actions.status == ActionStatus.DRY_RUN:
+            results: list[_Result] = []
+            for write in writes:
+                results.append(one(write))
+                if results[-1].error is not None:
+                    break
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="healer-write") as pool:
+                results = list(pool.map(one, writes))
+        for result in results:
+            if result.error is not None:
+                raise result.error
+        return results
 
     def _steps(
         self,
         run: _Run,
         name: str,
-        state: safety.SafetyState,
         seen: Seen,
         *,
         max_steps: int,
         drain_due: bool,
-    ) -> tuple[safety.SafetyState, NodeOutcome]:
+    ) -> _Steps:
+        """One node's steps: yields each step whose cluster writes are due (and is sent what they
+        did), returns the node's outcome."""
         outcome: NodeOutcome | None = None
         report: DrainReport | None = None
         for i in range(max_steps):
-            plan, state = self._plan(
-                run, name, seen, state, notices=i == 0, drain_due=drain_due, report=report
+            plan, self._safety = self._plan(
+                run, name, seen, self._safety, notices=i == 0, drain_due=drain_due, report=report
             )
             outcome = outcome or NodeOutcome(name, plan.from_state, None)
             if plan.notices:
-                self._commit(run)
+                self._commit(run.wave)
                 for notice in plan.notices:
                     self._notify(name, seen, notice)
             step = plan.step
             if step is None:
-                return state, outcome
+                return outcome
             if plan.refusal is not None:
                 to = NodeState.BLOCKED.value if plan.blocked else outcome.to_state
-                return state, replace(outcome, to_state=to, step=step.row, refused=str(plan.refusal.reason))
+                return replace(outcome, to_state=to, step=step.row, refused=str(plan.refusal.reason))
             if seen.view is not None and step.effects:
-                self._commit(run)  # the step's intent is durable before its first cluster write
-                try:
-                    applied = self._apply(seen, plan)
-                except KubernetesNotFound:
+                result = yield _Write(seen, plan)  # after the wave's commit: the intent is durable
+                if result.gone:
                     seen, report = Seen(None, deleted=True), None
                     continue
+                assert result.applied is not None
+                applied = result.applied
             else:
                 applied = Applied(view=seen.view)  # nothing to write to the cluster
-                if run.txn.records and not run.txn.holds_write:
-                    self._commit(run)  # a stale transition must not roll back an earlier record
             try:
                 self._record(run, name, plan, applied)
             except StaleState as exc:
-                log.warning("%s", exc)
-                run.rollback()
+                log.warning("%s", exc)  # the compare-and-set came first: nothing of it was written
                 self._record_effects(run, name, plan, applied)  # what was done is audited all the same
-                self._commit(run)
-                return state, replace(outcome, step=step.row, refused="stale")
+                return replace(outcome, step=step.row, refused="stale")
             if applied.error is not None:
-                return state, replace(outcome, step=step.row, error=applied.error)
+                return replace(outcome, step=step.row, error=applied.error)
             seen, report = Seen(applied.view, deleted=seen.deleted), applied.drain
             if report is not None:
                 continue  # the drain round's report decides the next step
             outcome = replace(outcome, to_state=str(step.to) if step.to else outcome.to_state, step=step.row)
             if step.to is None or step.to in _SETTLED:
-                return state, outcome
+                return outcome
         assert outcome is not None
-        return state, outcome
+        return outcome
 
-    def _commit(self, run: _Run) -> None:
-        """Commit the reconcile's open transaction; the incidents it attached findings to count as
-        attached for the rest of the pass."""
-        run.txn.commit()
-        self._attached |= run.attached
-        run.attached, run.rows = set(), None
+    def _commit(self, wave: _Wave) -> None:
+        """Commit the wave's open transaction (the fencing number read again first); the incidents
+        its nodes attached findings to count as attached for the rest of the pass."""
+        if wave.txn.open:
+            self.fence.check_db(wave.txn.session())
+        wave.txn.commit()
+        for run in wave.runs:
+            self._attached |= run.attached
+            run.attached, run.rows = set(), None
 
     # -- the stages --
 
@@ -248,7 +361,7 @@ class Reconciler:
         report: DrainReport | None,
     ) -> tuple[_Plan, safety.SafetyState]:
         """Observe → decide → judge, in the open transaction (a refusal is recorded there)."""
-        session = run.txn.session()
+        session = run.wave.txn.session()
         obs = observe(
             session,
             name,
@@ -317,7 +430,7 @@ class Reconciler:
 
     def _rows(self, run: _Run, name: str) -> tuple[Session, Rows]:
         """The open transaction and the node's rows in it (read when this transaction has not)."""
-        session = run.txn.session()
+        session = run.wave.txn.session()
         if run.rows is None:
             run.rows = Rows(*repo.node_and_open_incident(session, name, now=self.now))
         return session, run.rows
@@ -334,11 +447,16 @@ class Reconciler:
         ours = (intent.get("step"), intent.get("at")) == (step.row, self.now.isoformat())
         if ours and applied.error is not None:
             node.intent = None
+        moved = applied.error is None and step.to is not None
+        if moved:
+            # The compare-and-set comes first: a stale one raises before anything of this record
+            # is written (the wave's transaction holds other nodes' records: nothing rolls back).
+            assert step.to is not None
+            repo.move(session, node, step.to, now=self.now, expect=plan.from_state, clear_intent=ours)
         done = applied.done
         if any(isinstance(e, lc.DrainStep) for e in step.effects):
             self.record.drain_progress(session, node, error=applied.error, report=applied.drain)
             done = [d for d in done if d.kind != "drainstep"]  # the drain's row holds the round
-        run.txn.records += 1
         if applied.error is not None:
             self.record.effects(session, node, rows.incident, done, step)
         else:
@@ -351,8 +469,8 @@ class Reconciler:
                 expect=plan.from_state,
                 attached=run.attached,
                 clear_intent=ours,
+                moved=moved,
             )
-            run.txn.holds_write = run.txn.holds_write or step.to is not None
 
     def _record_effects(self, run: _Run, name: str, plan: _Plan, applied: Applied) -> None:
         """Only the audit rows of the effects performed (a step whose transition went stale)."""
@@ -426,15 +544,38 @@ class Reconciler:
             self.record.effects(session, node, repo.open_incident(session, node), applied.done, notice)
 
 
-class _Run:
-    """One reconcile's open transaction, the node's rows in it, and the incidents whose findings it
-    attached (they count as attached for the pass once committed)."""
+class _Wave:
+    """A pass's open transaction, shared by its nodes' records and plans between two rounds of
+    cluster writes, and one :class:`_Run` per node (in the pass's order)."""
 
-    def __init__(self, sessions: sessionmaker[Session], fence: Fence) -> None:
+    def __init__(self, sessions: sessionmaker[Session], fence: Fence, names: Sequence[str]) -> None:
         self.txn = LazyTransaction(sessions, fence.check_db)
-        self.rows: Rows | None = None
-        self.attached: set[int] = set()
+        self.runs = [_Run(self, name) for name in names]
+
+    def prefetch(self, indexes: Sequence[int]) -> None:
+        """Read the rows of the runs at ``indexes`` that this transaction has not read, in one SELECT."""
+        runs = [self.runs[i] for i in indexes if self.runs[i].rows is None]
+        if len(runs) < 2:
+            return
+        found = repo.nodes_and_open_incidents(self.txn.session(), [run.name for run in runs])
+        for run in runs:
+            if run.name in found:
+                node, incident, ticket = found[run.name]
+                status = TicketStatus(ticket) if ticket else None
+                run.rows = Rows(node, incident, ticket=status, ticket_read=incident is not None)
 
     def rollback(self) -> None:
         self.txn.rollback()
-        self.rows, self.attached = None, set()
+        for run in self.runs:
+            run.rows, run.attached = None, set()
+
+
+class _Run:
+    """One node's rows in the wave's open transaction, and the incidents whose findings it attached
+    there (they count as attached for the pass once committed)."""
+
+    def __init__(self, wave: _Wave, name: str) -> None:
+        self.wave = wave
+        self.name = name
+        self.rows: Rows | None = None
+        self.attached: set[int] = set()

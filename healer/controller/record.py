@@ -44,6 +44,7 @@ class Recorder:
         expect: str | None = None,
         attached: set[int] | None = None,
         clear_intent: bool = False,
+        moved: bool = False,
     ) -> None:
         """Incident changes, memory, drain start, audit rows, tickets, transition.
 
@@ -54,6 +55,8 @@ class Recorder:
         ``expect``: the state the step was decided from (the transition is a compare-and-set on
         it; ``StaleState`` when the node moved meanwhile, and the caller's transaction rolls back).
         ``clear_intent``: clear the node's ``intent`` (with the transition's UPDATE when it has one).
+        ``moved``: the caller has done the compare-and-set already (:func:`healer.store.nodes.move`,
+        before any other write of the record, so a stale one leaves nothing half written).
         """
         now = self.now
         node, incident = rows.node, rows.incident
@@ -118,6 +121,7 @@ class Recorder:
                 holder=self.holder,
                 fencing_token=self.fencing_token,
                 clear_intent=clear_intent,
+                moved=moved,
             )
         if step.close_incident is not None and not step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident)

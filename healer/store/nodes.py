@@ -10,13 +10,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, bindparam, event, insert, select, update
+from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from healer.errors import StaleState
 from healer.model.states import NodeState
-from healer.store.models import Action, Incident, Node, Switch, Transition
+from healer.store.models import Action, Incident, Node, Switch, Ticket, Transition
 from healer.store.models import Finding as FindingRow
 
 #: Switch names (rows of the ``switches`` table).
@@ -86,6 +86,31 @@ def node_and_open_incident(
     return row[0], row[1]
 
 
+# The newest ticket of the open incident, as the lifecycle reads it (None: no ticket).
+_TICKET_OF_INCIDENT = (
+    select(Ticket.status).where(Ticket.incident_id == Incident.id).order_by(Ticket.id.desc()).limit(1)
+).scalar_subquery()
+_NODES_AND_OPEN_INCIDENTS = (
+    select(Node, Incident, _TICKET_OF_INCIDENT)
+    .outerjoin(Incident, (Incident.node_id == Node.id) & Incident.closed_at.is_(None))
+    .where(Node.name.in_(bindparam("names", expanding=True)))
+)
+
+
+def nodes_and_open_incidents(
+    session: Session, names: Sequence[str]
+) -> dict[str, tuple[Node, Incident | None, str | None]]:
+    """:func:`node_and_open_incident` of many nodes in one SELECT, with the status of the open
+    incident's newest ticket (None: no incident or no ticket); names without a row are absent
+    (nothing is created)."""
+    if not names:
+        return {}
+    return {
+        node.name: (node, incident, ticket)
+        for node, incident, ticket in session.execute(_NODES_AND_OPEN_INCIDENTS, {"names": list(names)})
+    }
+
+
 def _create_node(session: Session, name: str, *, now: datetime, pool: str) -> Node:
     node = Node(
         name=name, pool=pool, state=NodeState.HEALTHY, state_since=now, created_at=now, updated_at=now
@@ -152,6 +177,7 @@ def transition(
     holder: str | None = None,
     fencing_token: int | None = None,
     clear_intent: bool = False,
+    moved: bool = False,
 ) -> None:
     """Move ``node`` to ``to_state`` and record the step (from, to, who, why, evidence, when).
 
@@ -159,36 +185,25 @@ def transition(
     (``UPDATE nodes ... WHERE id = :id AND state = :expect``) and raises :class:`StaleState` when
     another writer moved the node since. ``holder`` and ``fencing_token``: the Lease holder
     recording it and its fencing number (see ``healer.controller.fence``). The ``transitions`` row
-    is inserted as is (no object kept in the session). ``clear_intent``: the compare-and-set also
-    clears the node's ``intent`` (the step being recorded is the one it announced).
+    is inserted as is (no object kept in the session), with the transaction's other transition
+    rows (see :func:`flush_deferred`). ``clear_intent``: the compare-and-set also
+    clears the node's ``intent`` (the step being recorded is the one it announced). ``moved``: the
+    caller has already moved the node with :func:`move` (from ``expect``); only the row is written.
     """
     if incident is None:
         incident = open_incident(session, node)
     from_state = str(expect) if expect is not None else node.state
-    if expect is not None:
-        params = {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
-        connection = session.connection()
-        if clear_intent:
-            moved = connection.execute(_MOVE_IF_CLEARING, {**params, "b_intent": None})
-        else:
-            moved = connection.execute(_MOVE_IF, params)
-        if getattr(moved, "rowcount", 1) != 1:
-            raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
-        # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded,
-        # so the flush does not send the same UPDATE a second time.
-        set_committed_value(node, "state", str(to_state))
-        set_committed_value(node, "state_since", now)
-        set_committed_value(node, "updated_at", now)
-        if clear_intent:
-            set_committed_value(node, "intent", None)
+    if moved:
+        assert expect is not None, "a moved node's transition names the state it moved from"
+    elif expect is not None:
+        move(session, node, to_state, now=now, expect=expect, clear_intent=clear_intent)
     else:
         if clear_intent:
             node.intent = None
         node.state = str(to_state)
         node.state_since = now
         node.updated_at = now
-    session.connection().execute(
-        _INSERT_TRANSITION,
+    _deferred(session, _INSERT_TRANSITION).append(
         {
             "node_id": node.id,
             "incident_id": incident.id if incident else None,
@@ -200,8 +215,38 @@ def transition(
             "at": now,
             "holder": holder,
             "fencing_token": fencing_token,
-        },
+        }
     )
+
+
+def move(
+    session: Session,
+    node: Node,
+    to_state: NodeState,
+    *,
+    now: datetime,
+    expect: str,
+    clear_intent: bool = False,
+) -> None:
+    """The compare-and-set of a transition: ``UPDATE nodes ... WHERE id = :id AND state = :expect``
+    (clearing the node's ``intent`` too when ``clear_intent``). Raises :class:`StaleState`, having
+    written nothing, when another writer moved the node since it was read. Its transition row
+    follows with :func:`transition` (``moved=True``)."""
+    params = {"b_id": node.id, "b_expect": str(expect), "b_state": str(to_state), "b_at": now}
+    connection = session.connection()
+    if clear_intent:
+        result = connection.execute(_MOVE_IF_CLEARING, {**params, "b_intent": None})
+    else:
+        result = connection.execute(_MOVE_IF, params)
+    if getattr(result, "rowcount", 1) != 1:
+        raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
+    # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded, so
+    # the flush does not send the same UPDATE a second time.
+    set_committed_value(node, "state", str(to_state))
+    set_committed_value(node, "state_since", now)
+    set_committed_value(node, "updated_at", now)
+    if clear_intent:
+        set_committed_value(node, "intent", None)
 
 
 def record_action(
@@ -247,13 +292,50 @@ _ACTION_COLUMNS = tuple(c.key for c in _ACTIONS.columns if c.key != "id")
 
 
 def insert_actions(session: Session, rows: Sequence[Action]) -> None:
-    """Insert audit rows built by :func:`record_action` (``add=False``) in one executemany, without
-    keeping them as objects (nobody reads their ids back): one statement on SQLite too, where the
-    ORM's flush sends one INSERT per row to learn each id."""
+    """Insert audit rows built by :func:`record_action` (``add=False``) without keeping them as
+    objects (nobody reads their ids back), with the transaction's other such rows in one
+    executemany (see :func:`flush_deferred`): one statement on SQLite too, where the ORM's flush
+    sends one INSERT per row to learn each id."""
     if rows:
-        session.flush()  # rows added before these keep their place (ids in the order recorded)
-        values = [{k: getattr(r, k) for k in _ACTION_COLUMNS} for r in rows]
-        session.connection().execute(_INSERT_ACTIONS, values)
+        _deferred(session, _INSERT_ACTIONS).extend({k: getattr(r, k) for k in _ACTION_COLUMNS} for r in rows)
+
+
+# Transition and audit rows are INSERTed together, one executemany per table, when the transaction
+# commits or before a query that reads their tables: a pass recording many nodes in one
+# transaction sends two statements for them, not one per step (the order of the rows is kept).
+_DEFERRED = "healer.deferred_rows"
+_DEFERRED_TABLES = frozenset({_TRANSITIONS, _ACTIONS})
+
+
+def _deferred(session: Session, statement: Any) -> list[dict[str, Any]]:
+    rows: dict[Any, list[dict[str, Any]]] = session.info.setdefault(_DEFERRED, {})
+    return rows.setdefault(statement, [])
+
+
+def flush_deferred(session: Session) -> None:
+    """INSERT the transition and audit rows this session's transaction has deferred (runs before
+    every commit and before every ORM query of their tables; a rollback drops them)."""
+    pending: dict[Any, list[dict[str, Any]]] = session.info.pop(_DEFERRED, {})
+    for statement, rows in pending.items():
+        if rows:
+            session.flush()  # rows the ORM holds keep their place before these
+            session.connection().execute(statement, rows)
+
+
+@event.listens_for(Session, "before_commit")
+def _before_commit(session: Session) -> None:
+    flush_deferred(session)
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _after_rollback(session: Session, _previous: Any) -> None:
+    session.info.pop(_DEFERRED, None)
+
+
+@event.listens_for(Session, "do_orm_execute")
+def _before_query(state: ORMExecuteState) -> None:
+    if _DEFERRED in state.session.info and any(m.local_table in _DEFERRED_TABLES for m in state.all_mappers):
+        flush_deferred(state.session)
 
 
 def get_switch(session: Session, name: str) -> dict[str, Any]:

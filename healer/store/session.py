@@ -50,16 +50,12 @@ class LazyTransaction:
     stages share one transaction until one of them must be durable (e.g. before a cluster write).
 
     ``on_open(session)`` runs first in every transaction it opens (e.g. the fencing check).
-    ``holds_write`` is set by the caller once a statement of this transaction locks what a later
-    record of it depends on (a compare-and-set ``UPDATE`` of the node row).
     """
 
     def __init__(self, factory: sessionmaker[Session], on_open: Callable[[Session], None]) -> None:
         self._factory = factory
         self._on_open = on_open
         self._session: Session | None = None
-        self.records = 0  # records written in the open transaction
-        self.holds_write = False
 
     @property
     def open(self) -> bool:
@@ -88,7 +84,6 @@ class LazyTransaction:
 
     def _end(self, *, commit: bool) -> None:
         session, self._session = self._session, None
-        self.records, self.holds_write = 0, False
         if session is None:
             return
         try:
