@@ -29,8 +29,8 @@ every node's record, and the database's fencing number when a wave's transaction
 before it commits; the transition is a compare-and-set on the state the step was decided from,
 sent before anything else of the record. :class:`~healer.errors.NotLeader` ends the pass (the
 wave's transaction rolls back: nothing more is written); :class:`~healer.errors.StaleState` drops
-that node's step, having written nothing of it (the next pass decides again from the state now
-recorded), and the wave goes on.
+that node's step, having written nothing of its record (the next pass decides again from the
+state now recorded), and the wave goes on.
 
 A :class:`~healer.errors.KubernetesError` ends that node's reconcile with the failed effect recorded
 (the pass backs the node off); ``KubernetesNotFound`` means the node was deleted: its incident
