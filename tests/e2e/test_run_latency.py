@@ -76,8 +76,8 @@ PHASES = [(0.95, 0.97), (0.95, 0.02), (0.05, 0.5), (0.5, 0.25), (0.3, 0.75)]
 #: Seconds from the plan to the earliest fault, so every fault is injected well before its time.
 LEAD = 4.0
 #: The scrape and tick grids repeat every 6 s; fault k is placed k cycles after the first, so no two
-#: nodes fire in the same tick: each latency is one fault's, not a burst's (healer quarantines the
-#: nodes firing in one tick one after another, 0.07-0.4 s each: bench/README.md).
+#: nodes fire in the same tick: each latency is one fault's, not a burst's (a burst is measured in
+#: tests/integration/test_remediation_waves.py and bench/README.md).
 CYCLE = 6.0
 
 
@@ -157,7 +157,7 @@ def _finding_times(sessions: sessionmaker[Session], node: str) -> tuple[float | 
 
 def _rank(node: str, fired_at: dict[str, float | None], cordoned: dict[str, float]) -> str:
     """``, k of n in its tick)``: the node's place among the nodes that fired in the same tick, in
-    the order the API server applied their cordons (healer quarantines them one after another)."""
+    the order the API server applied their cordons."""
     same = sorted(
         (cordoned.get(n, math.inf), n) for n, t in fired_at.items() if t is not None and t == fired_at[node]
     )
