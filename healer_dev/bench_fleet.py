@@ -15,18 +15,31 @@ import contextlib
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
 
+from healer.ruleset.schema import RuleSet
+from healer.ruleset.scrape_keep import kept_metrics, metric_relabel_configs
 from healer_dev.prometheus import free_port, wait_until
 from healer_dev.victoria_metrics import victoria_metrics_server
 from healer_dev.vmalert import vmalert_server
 
-__all__ = ["VM_ARGS", "Engine", "SimulatedFleet", "start_engine", "start_fleet", "wait_for_targets"]
+__all__ = [
+    "VM_ARGS",
+    "Engine",
+    "SimulatedFleet",
+    "pack_keep_list",
+    "process_rss_mib",
+    "scraped_samples",
+    "start_engine",
+    "start_fleet",
+    "wait_for_targets",
+]
 
 #: VictoriaMetrics flags for a fleet of thousands of nodes on a shared machine: caches capped at a
 #: quarter of the RAM (default 60 %), room for the pack's widest selections (a counter of every
@@ -128,6 +141,7 @@ def start_engine(
     rule_interval: int,
     prometheus_args: Sequence[str] = (),
     targets: int = 0,
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
 ) -> Engine:
     """Start ``engine`` (``prometheus`` or ``victoria-metrics``) scraping ``file_sd`` every
     ``scrape_interval`` seconds and evaluating ``rule_file`` (groups without an interval every
@@ -136,7 +150,8 @@ def start_engine(
     VictoriaMetrics runs with ``-search.latencyOffset=0s`` (:mod:`healer_dev.victoria_metrics`) and
     :data:`VM_ARGS`; vmalert evaluates the rules against it (:mod:`healer_dev.vmalert`), started
     once ``targets`` targets are up, so its first evaluation (at its start) sees the whole fleet
-    (``Engine.evaluates_full_fleet_first``).
+    (``Engine.evaluates_full_fleet_first``). ``metric_relabel_configs`` goes into the scrape job
+    (both engines read Prometheus's format), e.g. :func:`pack_keep_list`.
     """
     if engine == "victoria-metrics":
         vm = stack.enter_context(
@@ -147,6 +162,7 @@ def start_engine(
                 extra_args=VM_ARGS,
                 ready_timeout=120,
                 keepalive=False,
+                metric_relabel_configs=metric_relabel_configs,
             )
         )
         wait_for_targets(vm.url, targets, timeout=10 * scrape_interval + 900)
@@ -168,13 +184,15 @@ def start_engine(
     prometheus = shutil.which("prometheus")
     if not prometheus:
         raise SystemExit("needs `prometheus` (Debian package) on PATH")
-    config = {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": f"{scrape_interval}s", "evaluation_interval": f"{rule_interval}s"},
         "rule_files": [str(rule_file)],
         "scrape_configs": [
             {"job_name": "simulator", "file_sd_configs": [{"files": [str(p) for p in file_sd]}]}
         ],
     }
+    if metric_relabel_configs:
+        config["scrape_configs"][0]["metric_relabel_configs"] = [dict(r) for r in metric_relabel_configs]
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -193,6 +211,34 @@ def start_engine(
     stack.callback(_stop, proc)
     wait_until(lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200, timeout=120)
     return Engine(name="Prometheus", query_url=url, rules_url=url, pid=proc.pid)
+
+
+def pack_keep_list(ruleset: RuleSet) -> list[dict[str, Any]]:
+    """The ``metric_relabel_configs`` keeping only the metrics ``ruleset`` reads (what
+    ``healer rules scrape-keep`` prints): the benches' ``--keep-pack-metrics``."""
+    return metric_relabel_configs(kept_metrics(ruleset))
+
+
+def process_rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of ``pid``, MiB (from /proc): now, or its peak with ``field="VmHWM"``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scraped_samples(query_url: str) -> tuple[float, float]:
+    """Samples per scrape round over every target, as scraped and as stored after
+    ``metric_relabel_configs`` (``sum(scrape_samples_scraped)``,
+    ``sum(scrape_samples_post_metric_relabeling)``, both engines' per-scrape series): about the
+    series the exporters offer and the series the engine keeps."""
+
+    def total(expr: str) -> float:
+        r = httpx.get(f"{query_url}/api/v1/query", params={"query": f"sum({expr})"}, timeout=120).json()
+        result = r["data"]["result"]
+        return float(result[0]["value"][1]) if result else 0.0
+
+    return total("scrape_samples_scraped"), total("scrape_samples_post_metric_relabeling")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
