@@ -62,6 +62,7 @@ from healer_dev.bench_fleet import (
     start_engine,
     start_fleet,
     wait_for_targets,
+    warm_fleet,
 )
 from healer_dev.prometheus import wait_until
 
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
         fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
         stack.callback(fleet.stop)
+        print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         vm = args.engine == "victoria-metrics"
         exported = prometheus_rule_file(
             ruleset, default_interval_seconds=args.rule_interval, keep_firing_for=not vm

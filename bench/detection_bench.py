@@ -63,6 +63,7 @@ from healer_dev.bench_fleet import (
     start_engine,
     start_fleet,
     wait_for_targets,
+    warm_fleet,
 )
 from healer_dev.prometheus import wait_until
 
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
         fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
         stack.callback(fleet.stop)
+        print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         exported = [r for g in to_prometheus_rules(ruleset)["groups"] for r in g["rules"]]
         if args.engine == "victoria-metrics":
             exported = [{k: v for k, v in r.items() if k != "keep_firing_for"} for r in exported]
