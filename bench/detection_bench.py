@@ -56,6 +56,7 @@ from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.bench_fleet import (
+    VM_SIMULATOR_CONNECTIONS,
     Engine,
     pack_keep_list,
     process_rss_mib,
@@ -194,7 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="healer-bench-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
+        fleet = start_fleet(
+            healer,
+            nodes=args.nodes,
+            workdir=work,
+            processes=args.simulators,
+            # VictoriaMetrics scrapes without keep-alive (one connection per scrape).
+            max_connections=VM_SIMULATOR_CONNECTIONS if args.engine == "victoria-metrics" else None,
+        )
         stack.callback(fleet.stop)
         print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         exported = [r for g in to_prometheus_rules(ruleset)["groups"] for r in g["rules"]]

@@ -31,6 +31,7 @@ from healer_dev.vmalert import vmalert_server
 
 __all__ = [
     "VM_ARGS",
+    "VM_SIMULATOR_CONNECTIONS",
     "Engine",
     "SimulatedFleet",
     "pack_keep_list",
@@ -52,6 +53,11 @@ VM_ARGS = (
     "-search.maxQueueDuration=300s",
     "-promscrape.suppressScrapeErrors",
 )
+
+
+#: Connections each simulator serves at once behind VictoriaMetrics (one scrape per connection):
+#: a few per core; the rest wait in the listen queue instead of as threads.
+VM_SIMULATOR_CONNECTIONS = 8
 
 
 @dataclass
@@ -76,12 +82,15 @@ def start_fleet(
     speed: float = 10.0,
     scenario: str = "demo",
     ready_timeout: float = 300.0,
+    max_connections: int | None = None,
 ) -> SimulatedFleet:
     """Start ``processes`` simulators serving ``nodes`` nodes (the ``scenario`` at ``speed``);
     return once every one has written its file_sd. Logs go to ``workdir/simulator-<k>.log``.
 
     Raises SystemExit with the end of its log when a simulator exits early; TimeoutError when the
-    files are not written within ``ready_timeout`` seconds.
+    files are not written within ``ready_timeout`` seconds. ``max_connections``: each simulator
+    serves at most that many connections at once (``healer simulate --max-connections``; for an
+    engine scraping without keep-alive, :data:`VM_SIMULATOR_CONNECTIONS`).
     """
     fleet = SimulatedFleet()
     started_at = time.time()
@@ -98,6 +107,8 @@ def start_fleet(
         ]
         if processes > 1:
             command += [f"--shard={k}/{processes}", f"--started-at={started_at}"]
+        if max_connections is not None:
+            command.append(f"--max-connections={max_connections}")
         log = workdir / f"simulator-{k}.log"
         fleet.processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("wb")))
         fleet.file_sd.append(sd)
