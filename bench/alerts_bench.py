@@ -17,6 +17,10 @@ snapshot), from an empty state. Compared: the series whose condition holds (pend
 held by ``keep_firing_for`` or by a silent exporter) and the unknown nodes. A round whose groups
 Prometheus evaluated again during the tick is not compared and is run again.
 
+``--keep-pack-metrics``: the engine's scrape job keeps only the metrics the pack reads (the
+``metric_relabel_configs`` of ``healer rules scrape-keep``), as a production Prometheus would;
+the series offered and stored per node are printed once every target is up.
+
 Prints per round and as medians: healer's tick (target < 1 s), the answer's size, the findings,
 whether both modes agree, Prometheus's own evaluation time of the pack (the sum over groups), and
 this process's peak RSS; exit 0 when the median tick is under 1 s and every round agrees.
@@ -50,7 +54,17 @@ from healer.sources.alerts import PrometheusAlertsSource, api_time
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
-from healer_dev.bench_fleet import Engine, start_engine, start_fleet, wait_for_targets
+from healer_dev.bench_fleet import (
+    VM_SIMULATOR_CONNECTIONS,
+    Engine,
+    pack_keep_list,
+    process_rss_mib,
+    scraped_samples,
+    start_engine,
+    start_fleet,
+    wait_for_targets,
+    warm_fleet,
+)
 from healer_dev.prometheus import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,14 +75,6 @@ Series = set[tuple[str, str]]
 def peak_rss_mib() -> float:
     """Peak resident set size of this process, MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def process_rss_mib(pid: int) -> float:
-    """Current resident set size of ``pid``, MiB (from /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def rule_groups(url: str) -> list[dict[str, Any]]:
@@ -92,7 +98,8 @@ def query_mode(url: str, ruleset: RuleSet, groups: list[dict[str, Any]]) -> tupl
     at = {g["name"]: api_time(g["lastEvaluation"]) for g in groups}
     series: Series = set()
     unknown: set[str] = set()
-    with PrometheusSource(url, timeout_seconds=120, tick_deadline_seconds=600) as source:
+    # VictoriaMetrics at 10,240 nodes: single rules over 2 minutes (its own limit: 300 s, VM_ARGS).
+    with PrometheusSource(url, timeout_seconds=300, tick_deadline_seconds=1200) as source:
         for group in ruleset.groups:
             when = at[group.name]
             assert when is not None, f"group {group.name} not evaluated"
@@ -247,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         "healer reads vmalert",
     )
     parser.add_argument("--simulators", type=int, default=1, help="simulator processes serving the fleet")
+    parser.add_argument(
+        "--keep-pack-metrics",
+        action="store_true",
+        help="the engine stores only the metrics the pack reads (the metric_relabel_configs of "
+        "`healer rules scrape-keep` in its scrape job); every other scraped series is dropped",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
     if args.from_answer:
@@ -260,8 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="healer-alerts-bench-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
+        fleet = start_fleet(
+            healer,
+            nodes=args.nodes,
+            workdir=work,
+            processes=args.simulators,
+            # VictoriaMetrics scrapes without keep-alive (one connection per scrape).
+            max_connections=VM_SIMULATOR_CONNECTIONS if args.engine == "victoria-metrics" else None,
+        )
         stack.callback(fleet.stop)
+        print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         vm = args.engine == "victoria-metrics"
         exported = prometheus_rule_file(
             ruleset, default_interval_seconds=args.rule_interval, keep_firing_for=not vm
@@ -269,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         for group in exported["groups"]:
             group["interval"] = f"{args.rule_interval}s"
         (work / "healer.rules.yml").write_text(yaml.safe_dump(exported, sort_keys=False))
+        started = time.monotonic()
         engine = start_engine(
             args.engine,
             stack,
@@ -279,12 +301,15 @@ def main(argv: list[str] | None = None) -> int:
             rule_interval=args.rule_interval,
             prometheus_args=[f"--storage.tsdb.retention.time={args.retention}"],
             targets=2 * args.nodes,
+            metric_relabel_configs=pack_keep_list(ruleset) if args.keep_pack_metrics else (),
         )
-        return run(args, ruleset, work, engine)
+        return run(args, ruleset, work, engine, started)
 
 
-def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) -> int:
-    """The rounds (see the module docstring); prints the figures, returns the exit status."""
+def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine, started: float) -> int:
+    """The rounds (see the module docstring); prints the figures, returns the exit status.
+    ``started``: ``time.monotonic()`` when the engine was started (for the time until every target
+    is up and answers queries)."""
     prom_url, rules_url, evaluator = engine.query_url, engine.rules_url, engine.name
     targets = 2 * args.nodes
     print(
@@ -296,8 +321,15 @@ def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) 
         f"evaluated by {evaluator} every {args.rule_interval}s; healer queries {args.engine}"
     )
 
-    waited = wait_for_targets(prom_url, targets, timeout=10 * args.scrape_interval + 900)
-    print(f"all targets up after {waited:.0f}s")
+    wait_for_targets(prom_url, targets, timeout=10 * args.scrape_interval + 900)
+    queryable = time.monotonic() - started
+    offered, kept = scraped_samples(prom_url)
+    keep = "only the pack's metrics kept" if args.keep_pack_metrics else "every scraped series kept"
+    print(
+        f"all targets up and queryable {queryable:.0f}s after the engine started; series per scrape "
+        f"round {offered:.0f} offered, {kept:.0f} stored ({keep}): {offered / args.nodes:.0f} and "
+        f"{kept / args.nodes:.0f} per node, plus the engine's own per-target series"
+    )
 
     def evaluated_after(previous: dict[str, str]) -> list[dict[str, Any]]:
         """The groups, once every one of them has been evaluated since ``previous``."""
@@ -377,6 +409,7 @@ def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) 
     store.dispose()
     median = statistics.median(ticks)
     prom_rss = process_rss_mib(engine.pid)
+    prom_peak = process_rss_mib(engine.pid, "VmHWM")
     print()
     print(
         f"healer tick in alerts mode (median of {len(ticks)}): {median * 1000:.1f} ms wall, "
@@ -384,12 +417,19 @@ def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) 
     )
     print(f"same findings as query mode on the same data: {sum(agree)} of {len(agree)} rounds")
     print(f"{evaluator}'s own evaluation of the pack (median): {statistics.median(prom_eval):.2f} s")
-    print(f"healer peak RSS: {peak_rss_mib():.0f} MiB; {args.engine} RSS: {prom_rss:.0f} MiB")
+    print(
+        f"healer peak RSS: {peak_rss_mib():.0f} MiB; {args.engine} RSS: {prom_rss:.0f} MiB "
+        f"(peak {prom_peak:.0f} MiB)"
+    )
     print(
         json.dumps(
             {
                 "nodes": args.nodes,
                 "engine": args.engine,
+                "keep_pack_metrics": args.keep_pack_metrics,
+                "series_per_node_offered": round(offered / args.nodes, 1),
+                "series_per_node_stored": round(kept / args.nodes, 1),
+                "queryable_after_s": round(queryable),
                 "rules": len(ruleset.rules),
                 "alerts_tick_ms": round(median * 1000, 1),
                 "alerts_tick_cpu_ms": round(statistics.median(cpus) * 1000, 1),
@@ -398,6 +438,7 @@ def run(args: argparse.Namespace, ruleset: RuleSet, work: Path, engine: Engine) 
                 "engine_pack_evaluation_s": round(statistics.median(prom_eval), 2),
                 "peak_rss_mib": round(peak_rss_mib()),
                 "engine_rss_mib": round(prom_rss),
+                "engine_peak_rss_mib": round(prom_peak),
                 "load_averages": loads,
             }
         )

@@ -18,6 +18,8 @@ the slowest rules its per-rule ``evaluationTime``. vmalert is a client of Victor
 API as healer is, one query after another.
 
 ``--simulators N`` serves the fleet from N ``healer simulate`` processes (``healer_dev.bench_fleet``).
+``--keep-pack-metrics``: the engine keeps only the metrics the pack reads (``healer rules
+scrape-keep``'s ``metric_relabel_configs`` in its scrape job).
 
 Each round waits for a fresh evaluation of that group, reads its duration, then runs one healer
 detection tick (``run_detection``: one instant query per rule, ``--concurrency`` at a time,
@@ -53,7 +55,17 @@ from healer.ruleset.loading import load_ruleset, to_prometheus_rules
 from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
-from healer_dev.bench_fleet import Engine, start_engine, start_fleet, wait_for_targets
+from healer_dev.bench_fleet import (
+    VM_SIMULATOR_CONNECTIONS,
+    Engine,
+    pack_keep_list,
+    process_rss_mib,
+    scraped_samples,
+    start_engine,
+    start_fleet,
+    wait_for_targets,
+    warm_fleet,
+)
 from healer_dev.prometheus import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,14 +149,6 @@ class VmalertEvaluator(Evaluator):
         return float(total - before_total) / float(count - before_count)
 
 
-def process_rss_mib(pid: int) -> float:
-    """Current resident set size of ``pid``, MiB (from /proc)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -174,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the tick one query at a time (halves a round where one evaluation takes minutes)",
     )
+    parser.add_argument(
+        "--keep-pack-metrics",
+        action="store_true",
+        help="the engine stores only the metrics the pack reads (the metric_relabel_configs of "
+        "`healer rules scrape-keep` in its scrape job); every other scraped series is dropped",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
     healer = shutil.which("healer")
@@ -185,8 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="healer-bench-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        fleet = start_fleet(healer, nodes=args.nodes, workdir=work, processes=args.simulators)
+        fleet = start_fleet(
+            healer,
+            nodes=args.nodes,
+            workdir=work,
+            processes=args.simulators,
+            # VictoriaMetrics scrapes without keep-alive (one connection per scrape).
+            max_connections=VM_SIMULATOR_CONNECTIONS if args.engine == "victoria-metrics" else None,
+        )
         stack.callback(fleet.stop)
+        print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         exported = [r for g in to_prometheus_rules(ruleset)["groups"] for r in g["rules"]]
         if args.engine == "victoria-metrics":
             exported = [{k: v for k, v in r.items() if k != "keep_firing_for"} for r in exported]
@@ -201,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             scrape_interval=args.scrape_interval,
             rule_interval=args.rule_interval,
             targets=2 * args.nodes,
+            metric_relabel_configs=pack_keep_list(ruleset) if args.keep_pack_metrics else (),
         )
         evaluator: Evaluator = (
             VmalertEvaluator(engine.rules_url)
@@ -235,7 +254,12 @@ def run(
     series = prometheus_metric(query_url, "prometheus_tsdb_head_series") or prometheus_metric(
         query_url, "vm_new_timeseries_created_total"
     )
-    print(f"all targets up after {waited:.0f}s; series: {series or 0:.0f}")
+    offered, kept = scraped_samples(query_url)
+    print(
+        f"all targets up after {waited:.0f}s; series: {series or 0:.0f}; per scrape round "
+        f"{offered / args.nodes:.0f} series per node offered, {kept / args.nodes:.0f} stored"
+        + (" (--keep-pack-metrics)" if args.keep_pack_metrics else "")
+    )
 
     migrate.upgrade(f"sqlite:///{work / 'healer.db'}")
     engine = make_engine(f"sqlite:///{work / 'healer.db'}")
@@ -325,6 +349,7 @@ def run(
     healer_median = statistics.median(healer_times)
     query_median = statistics.median(query_times)
     engine_rss = process_rss_mib(engine_pid)
+    engine_peak = process_rss_mib(engine_pid, "VmHWM")
     print()
     print(f"{engine_name} rule group evaluation (median of {args.rounds}): {prom_median * 1000:8.1f} ms")
     print(f"healer detection tick            (median of {args.rounds}): {healer_median * 1000:8.1f} ms")
@@ -339,7 +364,7 @@ def run(
     print(f"queries per tick: {sorted(queries)} for {len(rules)} rules  (target: exactly one per rule)")
     print(
         f"healer peak RSS: {peak_rss_mib():.0f} MiB  (target < 300 MB); "
-        f"{args.engine} RSS {engine_rss:.0f} MiB"
+        f"{args.engine} RSS {engine_rss:.0f} MiB (peak {engine_peak:.0f} MiB)"
     )
     top = sorted(slowest_healer, key=slowest_healer.__getitem__, reverse=True)[:5]
     print(f"slowest rules (max over rounds), healer query vs {engine_name} rule evaluation:")
@@ -352,6 +377,9 @@ def run(
             {
                 "nodes": args.nodes,
                 "engine": args.engine,
+                "keep_pack_metrics": args.keep_pack_metrics,
+                "series_per_node_offered": round(offered / args.nodes, 1),
+                "series_per_node_stored": round(kept / args.nodes, 1),
                 "rules": len(rules),
                 "engine_group_ms": round(prom_median * 1000, 1),
                 "healer_tick_ms": round(healer_median * 1000, 1),
@@ -362,6 +390,7 @@ def run(
                 "queries_per_tick": sorted(queries),
                 "peak_rss_mib": round(peak_rss_mib()),
                 "engine_rss_mib": round(engine_rss),
+                "engine_peak_rss_mib": round(engine_peak),
                 "load_averages": loads,
             }
         )

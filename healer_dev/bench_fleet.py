@@ -15,18 +15,33 @@ import contextlib
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
 
+from healer.ruleset.schema import RuleSet
+from healer.ruleset.scrape_keep import kept_metrics, metric_relabel_configs
 from healer_dev.prometheus import free_port, wait_until
 from healer_dev.victoria_metrics import victoria_metrics_server
 from healer_dev.vmalert import vmalert_server
 
-__all__ = ["VM_ARGS", "Engine", "SimulatedFleet", "start_engine", "start_fleet", "wait_for_targets"]
+__all__ = [
+    "VM_ARGS",
+    "VM_SIMULATOR_CONNECTIONS",
+    "Engine",
+    "SimulatedFleet",
+    "pack_keep_list",
+    "process_rss_mib",
+    "scraped_samples",
+    "start_engine",
+    "start_fleet",
+    "wait_for_targets",
+    "warm_fleet",
+]
 
 #: VictoriaMetrics flags for a fleet of thousands of nodes on a shared machine: caches capped at a
 #: quarter of the RAM (default 60 %), room for the pack's widest selections (a counter of every
@@ -38,6 +53,11 @@ VM_ARGS = (
     "-search.maxQueueDuration=300s",
     "-promscrape.suppressScrapeErrors",
 )
+
+
+#: Connections each simulator serves at once behind VictoriaMetrics (one scrape per connection):
+#: a few per core; the rest wait in the listen queue instead of as threads.
+VM_SIMULATOR_CONNECTIONS = 8
 
 
 @dataclass
@@ -62,12 +82,15 @@ def start_fleet(
     speed: float = 10.0,
     scenario: str = "demo",
     ready_timeout: float = 300.0,
+    max_connections: int | None = None,
 ) -> SimulatedFleet:
     """Start ``processes`` simulators serving ``nodes`` nodes (the ``scenario`` at ``speed``);
     return once every one has written its file_sd. Logs go to ``workdir/simulator-<k>.log``.
 
     Raises SystemExit with the end of its log when a simulator exits early; TimeoutError when the
-    files are not written within ``ready_timeout`` seconds.
+    files are not written within ``ready_timeout`` seconds. ``max_connections``: each simulator
+    serves at most that many connections at once (``healer simulate --max-connections``; for an
+    engine scraping without keep-alive, :data:`VM_SIMULATOR_CONNECTIONS`).
     """
     fleet = SimulatedFleet()
     started_at = time.time()
@@ -84,6 +107,8 @@ def start_fleet(
         ]
         if processes > 1:
             command += [f"--shard={k}/{processes}", f"--started-at={started_at}"]
+        if max_connections is not None:
+            command.append(f"--max-connections={max_connections}")
         log = workdir / f"simulator-{k}.log"
         fleet.processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log.open("wb")))
         fleet.file_sd.append(sd)
@@ -128,6 +153,7 @@ def start_engine(
     rule_interval: int,
     prometheus_args: Sequence[str] = (),
     targets: int = 0,
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
 ) -> Engine:
     """Start ``engine`` (``prometheus`` or ``victoria-metrics``) scraping ``file_sd`` every
     ``scrape_interval`` seconds and evaluating ``rule_file`` (groups without an interval every
@@ -136,7 +162,8 @@ def start_engine(
     VictoriaMetrics runs with ``-search.latencyOffset=0s`` (:mod:`healer_dev.victoria_metrics`) and
     :data:`VM_ARGS`; vmalert evaluates the rules against it (:mod:`healer_dev.vmalert`), started
     once ``targets`` targets are up, so its first evaluation (at its start) sees the whole fleet
-    (``Engine.evaluates_full_fleet_first``).
+    (``Engine.evaluates_full_fleet_first``). ``metric_relabel_configs`` goes into the scrape job
+    (both engines read Prometheus's format), e.g. :func:`pack_keep_list`.
     """
     if engine == "victoria-metrics":
         vm = stack.enter_context(
@@ -147,6 +174,7 @@ def start_engine(
                 extra_args=VM_ARGS,
                 ready_timeout=120,
                 keepalive=False,
+                metric_relabel_configs=metric_relabel_configs,
             )
         )
         wait_for_targets(vm.url, targets, timeout=10 * scrape_interval + 900)
@@ -168,13 +196,15 @@ def start_engine(
     prometheus = shutil.which("prometheus")
     if not prometheus:
         raise SystemExit("needs `prometheus` (Debian package) on PATH")
-    config = {
+    config: dict[str, Any] = {
         "global": {"scrape_interval": f"{scrape_interval}s", "evaluation_interval": f"{rule_interval}s"},
         "rule_files": [str(rule_file)],
         "scrape_configs": [
             {"job_name": "simulator", "file_sd_configs": [{"files": [str(p) for p in file_sd]}]}
         ],
     }
+    if metric_relabel_configs:
+        config["scrape_configs"][0]["metric_relabel_configs"] = [dict(r) for r in metric_relabel_configs]
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -193,6 +223,60 @@ def start_engine(
     stack.callback(_stop, proc)
     wait_until(lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200, timeout=120)
     return Engine(name="Prometheus", query_url=url, rules_url=url, pid=proc.pid)
+
+
+def pack_keep_list(ruleset: RuleSet) -> list[dict[str, Any]]:
+    """The ``metric_relabel_configs`` keeping only the metrics ``ruleset`` reads (what
+    ``healer rules scrape-keep`` prints): the benches' ``--keep-pack-metrics``."""
+    return metric_relabel_configs(kept_metrics(ruleset))
+
+
+def process_rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of ``pid``, MiB (from /proc): now, or its peak with ``field="VmHWM"``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def scraped_samples(query_url: str) -> tuple[float, float]:
+    """Samples per scrape round over every target, as scraped and as stored after
+    ``metric_relabel_configs`` (``sum(scrape_samples_scraped)``,
+    ``sum(scrape_samples_post_metric_relabeling)``, both engines' per-scrape series): about the
+    series the exporters offer and the series the engine keeps."""
+
+    def total(expr: str) -> float:
+        r = httpx.get(f"{query_url}/api/v1/query", params={"query": f"sum({expr})"}, timeout=120).json()
+        result = r["data"]["result"]
+        return float(result[0]["value"][1]) if result else 0.0
+
+    return total("scrape_samples_scraped"), total("scrape_samples_post_metric_relabeling")
+
+
+def warm_fleet(fleet: SimulatedFleet, *, timeout: float = 60.0) -> float:
+    """Scrape every target of ``fleet`` once, one request at a time per simulator (one keep-alive
+    connection each, so one serving thread); return the seconds taken.
+
+    A simulator builds a node's exposition templates at its first scrape (milliseconds per node).
+    An engine that discovers 20,480 cold targets at once (10,240 nodes) opens hundreds of
+    connections while the first scrapes are slow, and the simulator answers each in a thread of its
+    own: in session 5 the load average rose from 9 to 51 within 15 s. Warmed, a scrape is about 1 ms.
+    Raises httpx.HTTPError when a target does not answer 200.
+    """
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    def warm(sd: Path) -> None:
+        groups = json.loads(sd.read_text())
+        with httpx.Client(timeout=timeout) as client:
+            for group in groups:
+                for target in group["targets"]:
+                    client.get(f"http://{target}{group['labels']['__metrics_path__']}").raise_for_status()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=len(fleet.file_sd)) as pool:
+        list(pool.map(warm, fleet.file_sd))
+    return time.monotonic() - started
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,11 +92,16 @@ class PrometheusServer:
 
 
 def scrape_configs(
-    targets: Sequence[ScrapeTarget], *, scrape_interval: str, file_sd: Sequence[Path] = ()
+    targets: Sequence[ScrapeTarget],
+    *,
+    scrape_interval: str,
+    file_sd: Sequence[Path] = (),
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """The ``scrape_configs`` of a Prometheus config file scraping ``targets`` (one job per job name
     and metrics path) and the ``file_sd`` JSON files (one job ``fleet``). VictoriaMetrics reads the
-    same section (``-promscrape.config``)."""
+    same section (``-promscrape.config``). ``metric_relabel_configs`` (e.g. the keep-list of
+    ``healer rules scrape-keep``) is added to every job when given."""
     jobs: dict[tuple[str, str], list[ScrapeTarget]] = {}
     for t in targets:
         jobs.setdefault((t.job, t.metrics_path), []).append(t)
@@ -117,6 +122,9 @@ def scrape_configs(
                 "file_sd_configs": [{"files": [str(p.resolve()) for p in file_sd]}],
             }
         )
+    if metric_relabel_configs:
+        for c in configs:
+            c["metric_relabel_configs"] = [dict(r) for r in metric_relabel_configs]
     return configs
 
 
@@ -131,6 +139,7 @@ def prometheus_server(
     extra_args: Sequence[str] = (),
     workdir: Path | None = None,
     port: int | None = None,
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus scraping ``targets`` with a short interval; stop it on exit.
 
@@ -138,11 +147,17 @@ def prometheus_server(
     compare Prometheus's own evaluation with healer's). ``file_sd`` are ``file_sd_configs`` JSON
     files (e.g. the fleet simulator's), scraped as one job ``fleet``. ``workdir`` keeps the config,
     data and log there (kept on exit); default a temporary directory removed on exit.
+    ``metric_relabel_configs`` is added to every scrape job (:func:`scrape_configs`).
     """
     keep = workdir is not None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-prom-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    configs = scrape_configs(targets, scrape_interval=scrape_interval, file_sd=file_sd)
+    configs = scrape_configs(
+        targets,
+        scrape_interval=scrape_interval,
+        file_sd=file_sd,
+        metric_relabel_configs=metric_relabel_configs,
+    )
     for c in configs:
         for sd in c.get("file_sd_configs", []):
             sd["refresh_interval"] = "10s"

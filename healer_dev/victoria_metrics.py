@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -45,6 +46,7 @@ def victoria_metrics_server(
     port: int | None = None,
     ready_timeout: float = 30.0,
     keepalive: bool = True,
+    metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
 ) -> Iterator[VictoriaMetricsServer]:
     """Start VictoriaMetrics scraping ``targets`` and the ``file_sd`` JSON files (job ``fleet``,
     re-read every second); stop it on exit.
@@ -54,11 +56,18 @@ def victoria_metrics_server(
     ``keepalive=False`` opens a connection per scrape (VictoriaMetrics' ``disable_keepalive``): the
     fleet simulator answers each open connection in a thread of its own, and 10,000 idle
     keep-alive connections are 10,000 threads fighting for one interpreter lock.
+    ``metric_relabel_configs`` is added to every scrape job (Prometheus's format, which
+    VictoriaMetrics reads too), e.g. the keep-list of ``healer rules scrape-keep``.
     """
     keep = workdir is not None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-vm-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    configs = scrape_configs(targets, scrape_interval=scrape_interval, file_sd=file_sd)
+    configs = scrape_configs(
+        targets,
+        scrape_interval=scrape_interval,
+        file_sd=file_sd,
+        metric_relabel_configs=metric_relabel_configs,
+    )
     if not keepalive:
         for c in configs:
             c["disable_keepalive"] = True

@@ -82,6 +82,14 @@ def simulate(
         float | None,
         typer.Option(help="Unix time at which scenario time 0 is (default: when this process starts)."),
     ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Serve at most N connections at once (default: no limit); the rest wait in the listen "
+            "queue. Only for scrapers without keep-alive: a kept-alive connection holds its place.",
+        ),
+    ] = None,
 ) -> None:
     """Serve dcgm-exporter and node_exporter scrapes for a simulated fleet, with scripted faults."""
     part = _shard(shard)
@@ -105,7 +113,9 @@ def simulate(
     try:
         offset = (time.time() - started_at) * speed if started_at is not None else 0.0
         clock = sim.ElapsedClock(speed=speed, offset=offset)
-        server = sim.SimulatorServer(fleet, clock=clock, host=host, port=port, advertise=advertise)
+        server = sim.SimulatorServer(
+            fleet, clock=clock, host=host, port=port, advertise=advertise, max_connections=max_connections
+        )
     except OSError as exc:
         typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
         raise typer.Exit(1) from exc

@@ -131,6 +131,22 @@ def _walk(node: _Node) -> Iterator[Input]:
             yield from _walk(arg)
 
 
+def _unlisted(node: _Node) -> int:
+    if isinstance(node, _Sel):
+        return int(node.input is None)
+    if isinstance(node, _Op):
+        return _unlisted(node.left) + _unlisted(node.right)
+    if isinstance(node, _Call):
+        return sum(_unlisted(a) for a in node.args)
+    return 0
+
+
+def unlisted_selectors(expr: str) -> int:
+    """How many selectors of ``expr`` name no metric that can be listed (``{__name__=~"DCGM_.*"}``,
+    ``{job="x"}``): their metrics are left out of :func:`inputs`. Raises :class:`PromqlSyntax`."""
+    return _unlisted(_parse(expr))
+
+
 def inputs(expr: str) -> list[Input]:
     """Every input the expression reads, sorted, without repeats."""
     return sorted(set(_walk(_parse(expr))))

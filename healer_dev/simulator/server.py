@@ -82,6 +82,21 @@ class _HTTPServer(ThreadingHTTPServer):
     fleet: Fleet
     clock: Clock
     advertise: str
+    #: At most this many connections served at once (None: a thread per connection, unbounded).
+    slots: threading.BoundedSemaphore | None = None
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # With slots, the accept loop waits for a free one; new connections queue in the kernel.
+        if self.slots is not None:
+            self.slots.acquire()
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            if self.slots is not None:
+                self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A scraper that hangs up mid-answer (Prometheus stopping, a scrape timeout) is normal.
@@ -170,6 +185,11 @@ class SimulatorServer:
         clock: seconds since the run began; read once per request.
         host, port: where to listen; port 0 picks a free port (see :attr:`port`).
         advertise: ``host:port`` written into service-discovery targets; default the listening address.
+        max_connections: serve at most this many connections at once (default: no limit, a thread
+            each). For scrapers that close each connection (VictoriaMetrics' ``disable_keepalive``):
+            a keep-alive connection holds its slot until it closes. Thousands of connections at
+            once, each a thread contending for the interpreter lock, took a shared 2-core machine's
+            load average past 100 (10,240 nodes, session 5); bounded, they wait in the listen queue.
 
     Use as a context manager (serves in a background thread) or call :meth:`serve_forever`.
 
@@ -185,10 +205,13 @@ class SimulatorServer:
         host: str = "127.0.0.1",
         port: int = 0,
         advertise: str | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.fleet = fleet
         self.clock = clock
         self._httpd = _HTTPServer((host, port), _Handler)
+        if max_connections is not None:
+            self._httpd.slots = threading.BoundedSemaphore(max_connections)
         self._httpd.fleet = fleet
         self._httpd.clock = clock
         self.host = host

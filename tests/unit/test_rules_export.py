@@ -1,8 +1,10 @@
-"""``healer rules export``: the rule pack as Prometheus loads it (CliRunner; real promtool)."""
+"""``healer rules export``: the rule pack as Prometheus loads it; ``healer rules scrape-keep``: the
+metric_relabel_configs that keeps what the pack reads (CliRunner; real promtool)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,8 +13,11 @@ import pytest
 from ruamel.yaml import YAML
 from typer.testing import CliRunner
 
+from api.charts import METRICS as CHART_METRICS
+from healer.backtesting import DEFAULT_FLEET_QUERY
 from healer.cli import app
 from healer.ruleset.export import DIGEST_ANNOTATION, RULE_LABEL, rule_digest
+from healer.ruleset.inputs import input_metrics, unlisted_selectors
 from healer.ruleset.loading import load_ruleset
 from tests.conftest import REPO
 
@@ -127,3 +132,76 @@ def test_export_without_keep_firing_for_is_what_vmalert_1_79_loads(runner: CliRu
     if refused.returncode == 0:
         pytest.skip("this vmalert (1.94+) knows keep_firing_for")
     assert "keep_firing_for" in refused.stdout + refused.stderr
+
+
+def keep_regex(stdout: str) -> re.Pattern[str]:
+    """The keep rule of the output, as the engine applies it (anchored at both ends)."""
+    doc = YAML(typ="safe").load(stdout)
+    (entry,) = doc["metric_relabel_configs"]
+    assert entry["action"] == "keep" and entry["source_labels"] == ["__name__"]
+    return re.compile(f"^(?:{entry['regex']})$")
+
+
+def test_keep_list_keeps_every_metric_the_pack_reads_and_drops_the_rest(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["rules", "scrape-keep", str(PACK)])
+    assert result.exit_code == 0, result.output
+    keep = keep_regex(result.stdout)
+    pack = load_ruleset([PACK])
+    for rule in pack.rules:
+        for name in input_metrics(rule.expr):
+            assert keep.match(name), f"{rule.name} reads {name}, which the keep-list drops"
+    # What healer reads besides the rules: the dashboard's default charts, the backtest's fleet.
+    for chart in CHART_METRICS:
+        assert keep.match(chart.metric)
+    assert keep.match(DEFAULT_FLEET_QUERY.rsplit("(", 1)[1].rstrip(")"))
+    assert keep.match("up")
+    # Series no rule reads (the simulator's and a real exporter's) are dropped.
+    for unread in (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "node_infiniband_info",
+        "node_cpu_seconds_total",
+    ):
+        assert not keep.match(unread)
+    # A name only a prefix of a kept one is not kept (the regex is anchored).
+    assert not keep.match("DCGM_FI_DEV_GPU_TEMP_EXTRA") and not keep.match("DCGM_FI_DEV_GPU")
+
+
+def test_keep_list_is_valid_in_a_prometheus_scrape_job(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["rules", "scrape-keep", str(PACK), "--also", "node_load1"])
+    assert result.exit_code == 0, result.output
+    assert keep_regex(result.stdout).match("node_load1")
+    job = {"job_name": "dcgm-exporter", "static_configs": [{"targets": ["127.0.0.1:9400"]}]}
+    job.update(YAML(typ="safe").load(result.stdout))
+    config = tmp_path / "prometheus.yml"
+    with config.open("w") as out:
+        YAML(typ="safe").dump({"scrape_configs": [job]}, out)
+    done = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
+
+
+def test_a_rule_selecting_by_pattern_has_no_keep_list(runner: CliRunner, tmp_path: Path) -> None:
+    rules = tmp_path / "pattern.yaml"
+    rules.write_text(
+        "groups:\n  - name: g\n    rules:\n"
+        "      - name: AnyDcgm\n        expr: 'count by (Hostname) ({__name__=~\"DCGM_.*\"}) > 1000'\n"
+        "      - name: Plain\n        expr: up == 0\n"
+    )
+    result = runner.invoke(app, ["rules", "scrape-keep", str(rules), "--no-promql"])
+    assert result.exit_code == 1
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "AnyDcgm" in error and "Plain" not in error
+    assert result.stdout == ""
+
+
+def test_bad_also_name_is_a_usage_error(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["rules", "scrape-keep", str(PACK), "--no-promql", "--also", "not a name"])
+    assert result.exit_code == 2
+    assert "not a name" in result.stderr
+
+
+def test_unlisted_selectors_counts_what_cannot_be_named() -> None:
+    assert unlisted_selectors("DCGM_FI_DEV_GPU_TEMP > 80") == 0
+    assert unlisted_selectors('{__name__=~"A|B"} > 0') == 0
+    assert unlisted_selectors('{__name__=~"DCGM_.*"} or {job="x"}') == 2

@@ -92,3 +92,38 @@ def test_many_keep_alive_scrapes_on_one_connection(server: SimulatorServer) -> N
             for node in server.fleet.node_names:
                 for exporter in ("dcgm", "node"):
                     client.get(f"/nodes/{node}/{exporter}/metrics").raise_for_status()
+
+
+def test_max_connections_bounds_serving_threads_and_queues_the_rest(clock: ManualClock) -> None:
+    """``max_connections``: at most that many connections are served at once; the others wait in the
+    listen queue and are answered when a slot frees (every scrape of 16 concurrent clients succeeds)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    fleet = Fleet(FleetConfig(nodes=4, seed=3))
+    with SimulatorServer(fleet, clock=clock, max_connections=2) as srv:
+        busiest = 0
+        stop = threading.Event()
+
+        def watch() -> None:
+            nonlocal busiest
+            while not stop.is_set():
+                serving = sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
+                busiest = max(busiest, serving)
+                stop.wait(0.001)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+
+        def scrape(i: int) -> int:
+            node = fleet.node_names[i % len(fleet.node_names)]
+            # One connection per scrape, as VictoriaMetrics with disable_keepalive.
+            r = httpx.get(f"{srv.url}/nodes/{node}/dcgm/metrics", headers={"Connection": "close"}, timeout=10)
+            return r.status_code
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            codes = list(pool.map(scrape, range(64)))
+        stop.set()
+        watcher.join()
+    assert codes == [200] * 64
+    assert 1 <= busiest <= 2
