@@ -1,5 +1,5 @@
 # make demo                                   the demo on a fresh machine (Ctrl-C stops it)
-# make demo ARGS="--duration 420 --headless"   unattended
+# make demo ARGS="--duration 600 --headless"   unattended
 # make test                                   the tests in .venv with the dev extras
 #                                             (bash .ci/run also installs the services they need)
 # make lint                                   ruff, the import-linter layer contracts, mypy --strict

@@ -8,7 +8,9 @@ Prometheus on localhost, dry-run on).
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -556,6 +558,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
     """
     if config_file is not None and not config_file.is_file():
         raise ConfigError(f"{config_file}: config file not found")
+    _check_environment(os.environ)
     cls = Settings
     if config_file is not None:
         _check_yaml(config_file)
@@ -579,6 +582,30 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             source = variable if loc and loc[0] not in overrides and variable in environment else where
             lines.append(f"{source}: {'.'.join(loc) or '(root)'}: {err['msg']}")
         raise ConfigError("\n".join(lines)) from exc
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigError` naming each ``HEALER_<GROUP>__<FIELD>`` variable whose group is
+    not a settings group (pydantic-settings ignores it silently: a misspelt ``HEALER_SAFTEY__DRY_RUN``
+    would leave dry-run on without a word), with the nearest group. Variables without ``__``
+    (``HEALER_CONFIG``, ``HEALER_LOG_LEVEL`` ...) are not settings and are left alone."""
+    groups = sorted(Settings.model_fields)
+    wrong = []
+    for key in sorted(environ):
+        name = key.upper()
+        if not name.startswith("HEALER_") or "__" not in name:
+            continue
+        group = name.removeprefix("HEALER_").split("__", 1)[0].lower()
+        if group not in Settings.model_fields:
+            near = difflib.get_close_matches(group, groups, n=1)
+            hint = (
+                f" (did you mean HEALER_{near[0].upper()}__...?)"
+                if near
+                else f" (groups: {', '.join(groups)})"
+            )
+            wrong.append(f"{key}: no settings group '{group}'{hint}")
+    if wrong:
+        raise ConfigError("\n".join(wrong))
 
 
 def _check_yaml(config_file: Path) -> None:

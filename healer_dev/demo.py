@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.config import Settings, load_settings
 from healer.model.states import NodeState
+from healer.redaction import redact_url
 from healer.ruleset.schema import RuleSet
 from healer.store.models import Node, Ticket, Transition
 from healer.wiring import build_process
@@ -351,16 +353,36 @@ class _Technician(threading.Thread):
         self.join(timeout=5)
 
 
-def banner(*, nodes: int, time_scale: float, dashboard: str, prometheus: str) -> list[str]:
-    """The demo's opening lines: what runs, the time scale, and where to look (the dashboard, and
-    the demo's Prometheus for ``healer evaluate --once`` or ``healer doctor exporters``)."""
-    return [
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop the demo as Ctrl-C does (``KeyboardInterrupt``), so its Prometheus,
+    exporters and API servers are stopped on the way out; only the main thread can set it."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
+def banner(
+    *, nodes: int, time_scale: float, dashboard: str, prometheus: str, database: str | None = None
+) -> list[str]:
+    """The demo's opening lines: what runs, the time scale, and where to look (the dashboard, the
+    demo's Prometheus for ``healer evaluate --once`` or ``healer doctor exporters``, and its
+    database for ``healer node list``, ``ticket stats`` ..., credentials redacted)."""
+    lines = [
         f"healer demo: {nodes} nodes x 8 GPUs, Prometheus, emulated Kubernetes API, provider webhook",
         f"rule hold times and range windows scaled by {time_scale} "
         f"(a 5m `for` holds {300 * time_scale:.0f}s)",
         f"dashboard: {dashboard}/   (JSON API: {dashboard}/api/v1/nodes)",
-        f"prometheus: {prometheus}   (e.g. HEALER_PROMETHEUS__URL={prometheus} healer doctor exporters)",
     ]
+    if database is not None:
+        url = redact_url(database) if "@" in database else database  # a file path has no secret
+        lines.append(f"database: {url}   (e.g. HEALER_DATABASE__URL={url} healer node list)")
+    lines.append(
+        f"prometheus: {prometheus}   (e.g. HEALER_PROMETHEUS__URL={prometheus} healer doctor exporters)"
+    )
+    return lines
 
 
 def run_demo(
@@ -393,12 +415,17 @@ def run_demo(
     ) as env:
         settings, sessions, dashboard = env.settings, env.sessions, env.dashboard
         for line in banner(
-            nodes=nodes, time_scale=time_scale, dashboard=dashboard, prometheus=env.prometheus_url
+            nodes=nodes,
+            time_scale=time_scale,
+            dashboard=dashboard,
+            prometheus=env.prometheus_url,
+            database=settings.database.url,
         ):
             print(line, flush=True)
         started = time.monotonic()
         next_report = started + report_every
         last_step = 0
+        stop_on_sigterm()  # `kill`, a CI timeout: the same clean stop as Ctrl-C (no exporter left behind)
         try:
             while duration is None or time.monotonic() - started < duration:
                 time.sleep(0.5)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
+
 from healer.ruleset.loading import load_ruleset
 from healer_dev.demo import scale_holds
 from tests.conftest import REPO
@@ -79,9 +84,43 @@ def test_the_banner_gives_the_dashboard_and_the_prometheus_to_try_commands_again
     from healer_dev.demo import banner
 
     lines = banner(
-        nodes=64, time_scale=0.1, dashboard="http://127.0.0.1:8080", prometheus="http://127.0.0.1:9091"
+        nodes=64,
+        time_scale=0.1,
+        dashboard="http://127.0.0.1:8080",
+        prometheus="http://127.0.0.1:9091",
+        database="postgresql+psycopg://healer:hunter2@db.example:5432/healer",
+    )
+    database = next(line for line in lines if line.startswith("database: "))
+    assert "HEALER_DATABASE__URL=postgresql+psycopg://" in database and "healer node list" in database
+    assert "hunter2" not in database
+    local = banner(
+        nodes=64, time_scale=0.1, dashboard="", prometheus="", database="sqlite:////w/.demo/healer.db"
+    )
+    assert (
+        "database: sqlite:////w/.demo/healer.db   (e.g. HEALER_DATABASE__URL=sqlite:////w/.demo/healer.db "
+        in "\n".join(local)
     )
     assert "dashboard: http://127.0.0.1:8080/   (JSON API: http://127.0.0.1:8080/api/v1/nodes)" in lines
     assert lines[-1].startswith(
         "prometheus: http://127.0.0.1:9091   (e.g. HEALER_PROMETHEUS__URL=http://127.0.0.1:9091 "
     )
+
+
+def test_sigterm_stops_the_demo_as_ctrl_c_does() -> None:
+    """`kill` (or a CI timeout) reaches the demo's Ctrl-C path, which stops its Prometheus,
+    exporters and API servers, instead of killing it with its exporters left running."""
+    import os
+    import signal
+
+    from healer_dev.demo import stop_on_sigterm
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set from the main thread only")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode; never reached
+    finally:
+        signal.signal(signal.SIGTERM, before)
