@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import resource
 import sys
 import tempfile
@@ -254,10 +255,11 @@ class Fleet:
 
 
 def burst(nodes: int, percent: float, offset: int = 0) -> list[str]:
-    """``percent`` % of the fleet, spread evenly over it, starting at node ``offset``."""
+    """``percent`` % of the fleet, spread evenly over it, starting at node ``offset`` (bursts of
+    different offsets are disjoint while ``percent`` is at most 50)."""
     count = max(1, int(nodes * percent / 100))
     step = nodes // count
-    return [name(offset + i * step) for i in range(count)]
+    return [name((offset + i * step) % nodes) for i in range(count)]
 
 
 def report(backend: str, nodes: int, quiet: Pass, firing: Pass) -> str:
@@ -316,21 +318,27 @@ def run_kube(args: argparse.Namespace) -> int:
     plane = control_plane(bindir, node_grace_seconds=600, controller_qps=200)
     with plane as cp, tempfile.TemporaryDirectory() as tmp:
         cluster = KubeCluster(cp, args.nodes)
+        runs: list[tuple[str, list[str], Pass, Pass, tuple[float, float, float]]] = []
         with database_urls(args.backends, Path(tmp)) as urls:
             for offset, (backend, make_url) in enumerate(urls.items()):
                 fleet = Fleet(make_url(), args.nodes, cluster)
                 newly = burst(args.nodes, args.percent, offset)
                 try:
-                    quiet, firing = fleet.passes(newly)
+                    runs.append((backend, newly, *fleet.passes(newly), os.getloadavg()))
                 finally:
                     fleet.close()
-                cordons = cp.cordons()
-                times = sorted(cordons[n] - firing.started for n in newly if n in cordons)
-                print(report(backend, args.nodes, quiet, firing))
-                print(f"{'':10s} cordoned {len(times)} of {len(newly)}" + spread(times))
-                ok = ok and quiet.wall < 0.3 and firing.wall < 5 and len(times) == len(newly)
+        # Before reading the audit log here, which would count in the controller's peak RSS.
+        rss = peak_rss_mib()
         memory = cp.memory_mib()
-    rss = peak_rss_mib()
+        cordons = cp.cordons()
+    for backend, newly, quiet, firing, load in runs:
+        times = sorted(cordons[n] - firing.started for n in newly if n in cordons)
+        print(report(backend, args.nodes, quiet, firing))
+        print(f"{'':10s} cordoned {len(times)} of {len(newly)}" + spread(times))
+        print(
+            f"{'':10s} load average after the passes (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in load)
+        )
+        ok = ok and quiet.wall < 0.3 and firing.wall < 5 and len(times) == len(newly)
     components = ", ".join(f"{k} {v:.0f}" for k, v in memory.items())
     print(
         f"controller (this process) peak RSS {rss:.0f} MiB; "
