@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import resource
 import sys
+import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -40,23 +41,40 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def counting(api: k8s.ApiClient, calls: Counter[str]) -> k8s.ApiClient:
-    """Count every HTTP request ``api`` sends, by method."""
+    """Count every HTTP request ``api`` sends, by method (from any thread)."""
     original = api.call_api
+    lock = threading.Lock()
 
     def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        calls[method] += 1
+        with lock:
+            calls[method] += 1
         return original(method, url, *args, **kwargs)
 
     api.call_api = call_api  # type: ignore[method-assign]
     return api
 
 
+def add_fleet(cp: ControlPlane, names: list[str], batch: int = 500) -> None:
+    """Create KWOK nodes ``names`` with 8 GPUs each, ``batch`` at a time (each batch's POSTs in
+    parallel, then waited for until Ready and schedulable), labelled ``pool: pool-<i // 500>``."""
+    started = time.monotonic()
+    for i in range(0, len(names), batch):
+        cp.add_nodes(names[i : i + batch], gpus=8, labels={"pool": f"pool-{i // 500}"})
+    print(f"{len(names)} KWOK nodes Ready in {time.monotonic() - started:.0f} s")
+
+
+def healer_token(cp: ControlPlane) -> str:
+    """A token of healer's ServiceAccount bound to the Helm chart's RBAC (only the chart's
+    ServiceAccount and RBAC objects are applied), as ``tests/conftest.py``'s ``kube_healer_token``."""
+    rbac = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    cp.apply([namespace, *(o for o in rendered_objects(require_helm()) if o["kind"] in rbac)])
+    return cp.service_account_token(NAMESPACE, "healer")
+
+
 def set_scene(cp: ControlPlane, nodes: int, pods: int) -> list[str]:
     names = [f"gpu-node-{i:04d}" for i in range(nodes)]
-    started = time.monotonic()
-    for i in range(0, nodes, 250):
-        cp.add_nodes(names[i : i + 250], gpus=8, labels={"pool": f"pool-{i // 500}"})
-    print(f"{nodes} KWOK nodes Ready in {time.monotonic() - started:.0f} s")
+    add_fleet(cp, names)
     with cp.admin_client() as api:
         core = k8s.CoreV1Api(api)
         core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="training")))
@@ -141,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = KubernetesSettings(domain="healer.dev", namespace="healer-system", request_timeout_seconds=30)
     with control_plane(bindir, node_grace_seconds=args.node_grace_seconds or None) as cp:
         candidates = set_scene(cp, args.nodes, args.pods)
-        rbac = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
-        cp.apply([namespace, *(o for o in rendered_objects(require_helm()) if o["kind"] in rbac)])
-        token = cp.service_account_token(NAMESPACE, "healer")
+        token = healer_token(cp)
         calls: Counter[str] = Counter()
         with cp.client(token) as api:
             actions = KubernetesNodeActions(counting(api, calls), settings, identity="bench")
