@@ -119,3 +119,19 @@ def test_the_cli_says_invalid_settings_in_two_lines_and_exits_2(tmp_path: Path) 
     assert result.stderr.splitlines()[0] == "error: invalid settings"
     assert result.stderr.splitlines()[1].startswith(f"{config}:3:2: not valid YAML")
     assert len(result.stderr.splitlines()) == 2  # no traceback
+
+
+def test_a_variable_naming_no_settings_group_is_an_error_not_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A misspelt group (``SAFTEY``) would otherwise leave its setting at the default without a word
+    (pydantic-settings ignores it): here dry-run would have stayed on."""
+    monkeypatch.setenv("HEALER_SAFTEY__DRY_RUN", "false")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert (
+        str(err.value)
+        == "HEALER_SAFTEY__DRY_RUN: no settings group 'saftey' (did you mean HEALER_SAFETY__...?)"
+    )
+    monkeypatch.delenv("HEALER_SAFTEY__DRY_RUN")
+    monkeypatch.setenv("HEALER_SAFETY__DRY_RUN", "false")
+    monkeypatch.setenv("HEALER_CONFIG_HINT", "not a setting")  # no `__`: not a setting, left alone
+    assert load_settings().safety.dry_run is False
