@@ -17,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.store import parts
-from healer.store.models import Gpu, Node
+from healer.store.models import Gpu, Incident, Node
 from healer.store.parts import PartRecord, StepOutcomes
 
 #: The most parts listed on the Parts page (repeat offenders first); the rest are in /api/v1/parts.
@@ -67,12 +67,21 @@ def parts_page(session: Session, *, now: datetime, days: int) -> PartsPage:
 
 def parts_failed_before(session: Session, node: str, *, now: datetime) -> list[PartRecord]:
     """Parts the node holds that failed before and were repaired, or failed again after a repair
-    (repeat offenders first), over :data:`healer.store.parts.DEFAULT_WINDOW`."""
+    (repeat offenders first), over :data:`healer.store.parts.DEFAULT_WINDOW`. The node's own open
+    incident does not count as "before": a part repaired in it and still being validated is the
+    story the page tells below, not an earlier failure."""
     book = parts.ledger(session, since=now - parts.DEFAULT_WINDOW)
     held = set(session.scalars(select(Gpu.uuid).join(Node, Node.id == Gpu.node_id).where(Node.name == node)))
+    current = set(
+        session.scalars(
+            select(Incident.id)
+            .join(Node, Node.id == Incident.node_id)
+            .where(Node.name == node, Incident.closed_at.is_(None))
+        )
+    )
     out = []
     for part in book.parts:
         here = (part.kind == "gpu" and part.id in held) or (part.failures and part.failures[-1][1] == node)
-        if here and (part.repeat or part.repaired_incidents):
+        if here and (part.repeat or part.repaired_incidents - current):
             out.append(part)
     return out

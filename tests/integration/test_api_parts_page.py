@@ -29,6 +29,9 @@ from tests.integration.test_api_support import (
     seed_parts,
     seeded_client,
 )
+from tests.integration.test_api_support import (
+    _failure as failure,
+)
 
 
 def text_of(page: httpx.Response) -> str:
@@ -126,6 +129,41 @@ def test_node_page_flags_a_part_repaired_before(client: httpx.Client) -> None:
     assert page.text.count('data-testid="repeat-part"') == 1
     assert "Part repaired before: this node holds HCA gpu-node-c3/mlx5_0, which failed and was repaired" in (
         text_of(page)
+    )
+
+
+def test_a_part_repaired_in_the_open_incident_is_not_flagged_as_repaired_before(
+    client: httpx.Client, session_factory: sessionmaker[Session]
+) -> None:
+    """gpu-node-d4's HCA fails, is repaired, and the node is validating in the same incident: not
+    a part "repaired before" until that incident has closed."""
+    at = NOW - timedelta(minutes=30)
+    with session_factory() as s, s.begin():
+        node = repo.get_or_create_node(s, "gpu-node-d4", now=at - timedelta(days=1), pool="h100")
+        repo.ensure_incident(s, node, now=at, summary="InfinibandLinkDown firing")
+        for state, minutes in (
+            (NodeState.QUARANTINED, 0),
+            (NodeState.REPAIRED, 5),
+            (NodeState.VALIDATING, 6),
+        ):
+            evidence = failure(None, device="mlx5_1") if state == NodeState.QUARANTINED else None
+            repo.transition(
+                s,
+                node,
+                state,
+                now=at + timedelta(minutes=minutes),
+                actor="healer",
+                reason="r",
+                evidence=evidence,
+            )
+    assert 'data-testid="repeat-part"' not in client.get("/nodes/gpu-node-d4").text
+
+    with session_factory() as s, s.begin():
+        node = repo.get_or_create_node(s, "gpu-node-d4", now=NOW)
+        repo.transition(s, node, NodeState.HEALTHY, now=NOW, actor="healer", reason="held clear")
+        repo.close_incident(s, node, now=NOW, reason="returned to service")
+    assert "Part repaired before: this node holds HCA gpu-node-d4/mlx5_1" in text_of(
+        client.get("/nodes/gpu-node-d4")
     )
 
 
