@@ -36,7 +36,10 @@ def release(
     except operations.OperationError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
-    typer.echo(f"{node}: validating; back in service once its rules stay clear for the recovery hold")
+    typer.echo(
+        f"{node}: validating; back in service once its rules stay clear for the recovery hold "
+        "(counted from when its last finding resolves, after the rule's keep_firing_for)"
+    )
 
 
 @app.command("list")

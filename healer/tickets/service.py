@@ -210,7 +210,11 @@ def apply_provider_status(
                 NodeState.VALIDATING,
                 now=now,
                 actor=actor,
-                reason="validating after repair: rules must stay clear for the recovery hold",
+                reason=(
+                    "validating after repair: back in service once its rules stay clear for the "
+                    "recovery hold, counted from when its last finding resolves (after the rule's "
+                    "keep_firing_for)"
+                ),
                 evidence=evidence,
                 incident=incident,
             )
