@@ -30,5 +30,6 @@ def resume(ctx: typer.Context) -> None:
     from healer.store.session import transaction
 
     with transaction(store_sessions(ctx)) as session:
+        was_paused = operations.is_paused(session)
         operations.set_paused(session, paused=False, actor=operator_name(), now=wiring.utc_now())
-    typer.echo("healer resumed")
+    typer.echo("healer resumed" if was_paused else "healer was not paused (recorded all the same)")

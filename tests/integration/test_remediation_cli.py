@@ -57,7 +57,8 @@ def test_pause_resume_and_breaker(db: str) -> None:
     sessions = make_sessionmaker(make_engine(db))
     with sessions() as s:
         assert repo.get_switch(s, repo.SWITCH_PAUSED) == {"paused": True, "reason": "cluster upgrade"}
-    assert run("resume")[0] == 0
+    assert run("resume") == (0, "healer resumed\n")
+    assert run("resume") == (0, "healer was not paused (recorded all the same)\n")
 
     code, out = run("breaker", "status")
     assert code == 0 and "not tripped" in out
