@@ -55,15 +55,14 @@ from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.bench_fleet import (
-    VM_SIMULATOR_CONNECTIONS,
     Engine,
+    add_fleet_arguments,
     pack_keep_list,
     process_rss_mib,
     scraped_samples,
     start_engine,
-    start_fleet,
+    start_warm_fleet,
     wait_for_targets,
-    warm_fleet,
 )
 from healer_dev.prometheus import wait_until
 
@@ -253,13 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "and answers query mode, vmalert evaluates the pack (exported without keep_firing_for) and "
         "healer reads vmalert",
     )
-    parser.add_argument("--simulators", type=int, default=1, help="simulator processes serving the fleet")
-    parser.add_argument(
-        "--keep-pack-metrics",
-        action="store_true",
-        help="the engine stores only the metrics the pack reads (the metric_relabel_configs of "
-        "`healer rules scrape-keep` in its scrape job); every other scraped series is dropped",
-    )
+    add_fleet_arguments(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
     if args.from_answer:
@@ -273,16 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="healer-alerts-bench-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        fleet = start_fleet(
-            healer,
-            nodes=args.nodes,
-            workdir=work,
-            processes=args.simulators,
-            # VictoriaMetrics scrapes without keep-alive (one connection per scrape).
-            max_connections=VM_SIMULATOR_CONNECTIONS if args.engine == "victoria-metrics" else None,
+        fleet = start_warm_fleet(
+            healer, nodes=args.nodes, workdir=work, processes=args.simulators, engine=args.engine, stack=stack
         )
-        stack.callback(fleet.stop)
-        print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         vm = args.engine == "victoria-metrics"
         exported = prometheus_rule_file(
             ruleset, default_interval_seconds=args.rule_interval, keep_firing_for=not vm

@@ -32,6 +32,7 @@ the slowest rules on both sides, and this process's peak RSS (target < 300 MB).
 
 from __future__ import annotations
 
+import abc
 import argparse
 import contextlib
 import json
@@ -56,15 +57,14 @@ from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.bench_fleet import (
-    VM_SIMULATOR_CONNECTIONS,
     Engine,
+    add_fleet_arguments,
     pack_keep_list,
     process_rss_mib,
     scraped_samples,
     start_engine,
-    start_fleet,
+    start_warm_fleet,
     wait_for_targets,
-    warm_fleet,
 )
 from healer_dev.prometheus import wait_until
 
@@ -92,15 +92,15 @@ def rule_group(url: str) -> dict[str, Any]:
     return next(g for g in groups if g["name"] == GROUP)
 
 
-class Evaluator:
+class Evaluator(abc.ABC):
     """The engine's own evaluation of the one group: when it last ran, how long it took."""
 
     def last_evaluation(self) -> str:
-        raise NotImplementedError
+        return str(rule_group(self.url)["lastEvaluation"])
 
+    @abc.abstractmethod
     def duration(self) -> float:
         """Seconds of the last evaluation of the group (read right after it)."""
-        raise NotImplementedError
 
     def rule_times(self) -> dict[str, float]:
         """Each rule's evaluation time in the last evaluation, seconds."""
@@ -112,9 +112,6 @@ class Evaluator:
 class PrometheusEvaluator(Evaluator):
     def __init__(self, url: str, rule_file: Path) -> None:
         self.url, self.rule_file = url, rule_file
-
-    def last_evaluation(self) -> str:
-        return str(rule_group(self.url)["lastEvaluation"])
 
     def duration(self) -> float:
         found = prometheus_metric(
@@ -136,9 +133,6 @@ class VmalertEvaluator(Evaluator):
         total = prometheus_metric(self.url, "vmalert_iteration_duration_seconds_sum", group=GROUP) or 0.0
         count = prometheus_metric(self.url, "vmalert_iteration_duration_seconds_count", group=GROUP) or 0.0
         return total, count
-
-    def last_evaluation(self) -> str:
-        return str(rule_group(self.url)["lastEvaluation"])
 
     def duration(self) -> float:
         total, count = wait_until(
@@ -172,17 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         help="prometheus: Prometheus scrapes and evaluates; victoria-metrics: VictoriaMetrics scrapes "
         "and answers, vmalert evaluates",
     )
-    parser.add_argument("--simulators", type=int, default=1, help="simulator processes serving the fleet")
+    add_fleet_arguments(parser)
     parser.add_argument(
         "--no-sequential",
         action="store_true",
         help="skip the tick one query at a time (halves a round where one evaluation takes minutes)",
-    )
-    parser.add_argument(
-        "--keep-pack-metrics",
-        action="store_true",
-        help="the engine stores only the metrics the pack reads (the metric_relabel_configs of "
-        "`healer rules scrape-keep` in its scrape job); every other scraped series is dropped",
     )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
@@ -195,16 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="healer-bench-"))
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
-        fleet = start_fleet(
-            healer,
-            nodes=args.nodes,
-            workdir=work,
-            processes=args.simulators,
-            # VictoriaMetrics scrapes without keep-alive (one connection per scrape).
-            max_connections=VM_SIMULATOR_CONNECTIONS if args.engine == "victoria-metrics" else None,
+        fleet = start_warm_fleet(
+            healer, nodes=args.nodes, workdir=work, processes=args.simulators, engine=args.engine, stack=stack
         )
-        stack.callback(fleet.stop)
-        print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
         exported = [r for g in to_prometheus_rules(ruleset)["groups"] for r in g["rules"]]
         if args.engine == "victoria-metrics":
             exported = [{k: v for k, v in r.items() if k != "keep_firing_for"} for r in exported]

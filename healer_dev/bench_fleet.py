@@ -11,6 +11,7 @@ the fleet is the same as one process would serve (same seed, same identities, sa
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import shutil
 import subprocess
@@ -299,3 +300,32 @@ def wait_for_targets(query_url: str, targets: int, *, timeout: float) -> float:
     started = time.monotonic()
     wait_until(up, timeout=timeout, interval=5, what=f"{targets} targets up")
     return time.monotonic() - started
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benches' fleet options: ``--simulators N`` and ``--keep-pack-metrics``."""
+    parser.add_argument("--simulators", type=int, default=1, help="simulator processes serving the fleet")
+    parser.add_argument(
+        "--keep-pack-metrics",
+        action="store_true",
+        help="the engine stores only the metrics the pack reads (the metric_relabel_configs of "
+        "`healer rules scrape-keep` in its scrape job); every other scraped series is dropped",
+    )
+
+
+def start_warm_fleet(
+    healer: str, *, nodes: int, workdir: Path, processes: int, engine: str, stack: contextlib.ExitStack
+) -> SimulatedFleet:
+    """:func:`start_fleet` (stopped with ``stack``), every target scraped once (:func:`warm_fleet`);
+    behind VictoriaMetrics, which scrapes without keep-alive, each simulator serves at most
+    :data:`VM_SIMULATOR_CONNECTIONS` connections at once."""
+    fleet = start_fleet(
+        healer,
+        nodes=nodes,
+        workdir=workdir,
+        processes=processes,
+        max_connections=VM_SIMULATOR_CONNECTIONS if engine == "victoria-metrics" else None,
+    )
+    stack.callback(fleet.stop)
+    print(f"simulators warmed (every target scraped once) in {warm_fleet(fleet):.0f}s", flush=True)
+    return fleet
