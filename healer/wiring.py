@@ -319,11 +319,15 @@ def build_process(
     settings: Settings,
     *,
     identity: str | None = None,
-    clock: Callable[[], datetime] = utc_now,
+    clock: Callable[[], datetime] | None = None,
     upgrade: bool = False,
     transform: Callable[[RuleSet], RuleSet] = lambda rs: rs,
 ) -> Process:
     """Build the controller and its dashboard from ``settings``.
+
+    ``clock`` (default: the database server's time, :class:`~healer.clock.SharedClock`) is what
+    the controller records and measures every duration with, so replicas whose own clocks differ
+    agree on ``for``, holds and deadlines; leader election uses this process's monotonic clock.
 
     Raises:
         ConfigError: no usable Kubernetes configuration.
@@ -335,12 +339,15 @@ def build_process(
     from healer.actions.addresses import KubernetesAddresses
     from healer.actions.kubernetes import make_api_client
     from healer.actions.lease import LeaderElector
+    from healer.clock import SharedClock
     from healer.controller import Controller
     from healer.metrics import HealerMetrics
     from healer.rules_holder import RulesHolder
+    from healer.store.clock import database_now
 
     identity = identity or default_identity()
     sessions = database(settings, upgrade=upgrade)
+    clock = clock or SharedClock(lambda: database_now(sessions))
     rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
     refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)

@@ -185,6 +185,7 @@ class Eviction:
     pod: str  # namespace/name
     code: int  # the answer: 201 accepted, 429 refused by a budget, ...
     user: str
+    received: float = 0.0  # when the API server received it (unix seconds, microseconds)
 
 
 @dataclass
@@ -319,6 +320,7 @@ class ControlPlane:
                     pod=f"{ref.get('namespace')}/{ref.get('name')}",
                     code=int((entry.get("responseStatus") or {}).get("code") or 0),
                     user=str((entry.get("user") or {}).get("username")),
+                    received=dt.datetime.fromisoformat(entry["requestReceivedTimestamp"]).timestamp(),
                 )
             )
         return found

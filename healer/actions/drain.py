@@ -46,6 +46,13 @@ forever; one whose ``deletionTimestamp`` is older than ``skip_wait_for_delete_ti
 
 A step holds no state: what to do follows from the pods on the node now, so a restarted controller
 calls it again and resumes; evicted pods are terminating or gone and are not evicted twice.
+
+Humans win mid-step: ``guard`` (the adapter's re-read of the node) runs immediately before each
+round of evictions and before the deletions past the deadline, not only when the step starts. A
+step can wait minutes for a budget; an uncordon, a removed taint or the opt-out label in that time
+stops it there (``stopped`` says why) and nothing more is evicted. It costs one node read per
+round (a budget-paced drain evicts one pod a round): issue 24 saw a pod evicted 4 ms after
+``kubectl uncordon`` when the node was read only at the step's start.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -469,8 +476,14 @@ def drain_step(
     node_ready: bool = True,
     skip_wait_for_delete_timeout_seconds: float = 300.0,
     checkpointing: Checkpointing | None = None,
+    guard: Callable[[], str] | None = None,
 ) -> DrainReport:
     """Evict what can be evicted now; see the module docstring for every rule.
+
+    ``guard`` runs immediately before each round of evictions and before deletions: a non-empty
+    answer (why a human's change forbids going on) ends the step there, reported in ``stopped``
+    with ``done`` False; it may raise ``KubernetesError`` (the node could not be read), which ends
+    the step the same way as a failed pod list.
 
     With ``checkpointing``, pods that are to checkpoint first (:mod:`healer.actions.checkpoint`)
     are asked, and evicted only once they answered or their deadline (never later than the drain's)
@@ -524,6 +537,7 @@ def drain_step(
     waiting_until = time.monotonic() + (0.0 if past_deadline else options.budget_wait_seconds)
     todo = list(p.evict)
     events: dict[str, Iterator[tuple[str, int]]] = {}
+    stopped = ""
     try:
         while todo:
             batch, later = [], []
@@ -534,6 +548,8 @@ def drain_step(
                 else:
                     later.append(x)  # its budget would refuse it now: not POSTed
             todo = later
+            if batch and guard is not None and (stopped := guard()):
+                break
             outcomes = _evict_all(core, batch, grace, request_timeout, options.concurrency)
             for x, (outcome, message) in zip(batch, outcomes, strict=True):
                 if outcome is Outcome.EVICTED:
@@ -560,9 +576,32 @@ def drain_step(
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
+    if stopped:
+        log.warning("drain of %s stopped: %s", node, stopped)
+        left = {pod_key(x) for x in p.evict} - set(evicted)
+        return DrainReport(
+            done=False,
+            evicted=tuple(sorted(evicted)),
+            remaining=tuple(sorted({*left, *p.waiting})),
+            kept=tuple(sorted(p.kept)),
+            errors=errors,
+            stopped=stopped,
+            checkpointing=tuple(sorted(gate.waiting)),
+            checkpoints=gate.times,
+        )
     held += todo + several
     budgets_names = budgets.names_for(held)
     deleted: list[str] = []
+    if past_deadline and held and options.delete_after_timeout and guard is not None and (stopped := guard()):
+        log.warning("drain of %s stopped before deleting past the deadline: %s", node, stopped)
+        return DrainReport(
+            done=False,
+            evicted=tuple(sorted(evicted)),
+            remaining=tuple(sorted({pod_key(x) for x in held} | set(p.waiting))),
+            kept=tuple(sorted(p.kept)),
+            errors=errors,
+            stopped=stopped,
+        )
     if past_deadline and held and options.delete_after_timeout:
         # The rule's explicit choice: DELETE bypasses the budgets. Recorded in the report.
         for x in held:

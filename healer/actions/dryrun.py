@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 class NodeReader(Protocol):
     """The read side of the Kubernetes adapter (``KubernetesNodeActions`` has it)."""
 
+    #: healer's taint key (``<domain>/quarantined``).
+    taint_key: str
+
     def read_node(self, name: str) -> NodeView: ...
 
     def plan_drain(self, name: str, *, options: DrainOptions, now: datetime | None = None) -> DrainReport: ...
@@ -57,7 +60,8 @@ class RecordingNodeActions:
         clock: aware-UTC ``now`` for calls that carry no time (the composition root's clock).
 
     Reads show the node as healer would have left it: a node the open incident expects cordoned
-    reads unschedulable (else the missing cordon would look like a human uncordon).
+    reads unschedulable and carries healer's taint (else the missing cordon or taint would look
+    like a human's uncordon or untaint).
     """
 
     #: Writes are recorded here as ``dry_run`` rows; the controller adds none of its own for them.
@@ -106,16 +110,22 @@ class RecordingNodeActions:
         log.info("dry-run: would %s node %s: %s", kind, name, detail)
 
     def read_node(self, name: str) -> NodeView:
-        """The real node, with the cordon healer would have left on it (raises
+        """The real node, with the cordon and taint healer would have left on it (raises
         ``KubernetesNotFound`` when it is gone)."""
         view = self.reader.read_node(name)
         with self.sessions() as session:
-            expected = session.scalar(
-                select(Incident.expect_unschedulable)
+            row = session.execute(
+                select(Incident.expect_unschedulable, Incident.rule)
                 .join(Node, Node.id == Incident.node_id)
                 .where(Node.name == name, Incident.closed_at.is_(None))
-            )
-        return view if expected is None else replace(view, unschedulable=expected)
+            ).first()
+        if row is None or row.expect_unschedulable is None:
+            return view
+        key = self.reader.taint_key
+        taints = view.taints
+        if not any(t[0] == key for t in taints):
+            taints = (*taints, (key, row.rule or "", "NoSchedule"))
+        return replace(view, unschedulable=row.expect_unschedulable, taints=taints)
 
     def _view(self, node: NodeRef) -> NodeView:
         return node if isinstance(node, NodeView) else self.read_node(node)
@@ -137,6 +147,8 @@ class RecordingNodeActions:
         if change.taint is not None:
             value, effect = change.taint
             self.record("taint", view.name, now=self.clock(), detail={"value": value, "effect": effect})
+            key = self.reader.taint_key
+            view = replace(view, taints=(*(t for t in view.taints if t[0] != key), (key, value, effect)))
         if change.release:
             self.record("release", view.name, now=self.clock(), detail={})
         return view

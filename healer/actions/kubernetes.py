@@ -433,14 +433,16 @@ class KubernetesNodeActions:
     ) -> DrainReport:
         """One step of ``kubectl drain`` (see :mod:`healer.actions.drain`) on ``node`` as read.
 
-        A node that is schedulable again (a human uncordoned it) is not drained: the report says
-        so in ``stopped`` and nothing is evicted. Raises ``KubernetesNotFound`` when the node is gone.
+        A node that is schedulable again (a human uncordoned it), lost healer's taint or carries the
+        opt-out label is not drained: the report says so in ``stopped`` and nothing is evicted. The
+        node is read again before each round of evictions (:func:`human_change`), so a change made
+        while the step waits for a PodDisruptionBudget stops it before the next eviction. Raises
+        ``KubernetesNotFound`` when the node is gone.
         """
         view = self._view(node)
-        if not view.unschedulable:
-            return DrainReport(
-                done=False, stopped=f"node {view.name} is schedulable: not draining an uncordoned node"
-            )
+        why = self.human_change(view, view)
+        if why:
+            return DrainReport(done=False, stopped=why)
         return drain_mod.drain_step(
             self.core,
             self.policy,
@@ -452,7 +454,22 @@ class KubernetesNodeActions:
             node_ready=view.conditions.get("Ready", "True") == "True",
             skip_wait_for_delete_timeout_seconds=self.settings.drain_skip_wait_for_delete_timeout_seconds,
             checkpointing=self._checkpointing(view),
+            guard=lambda: self.human_change(view, self.read_node(view.name)),
         )
+
+    def human_change(self, before: NodeView, now: NodeView) -> str:
+        """Why the node as read ``now`` forbids draining it further ("" when nothing does): it is
+        schedulable (uncordoned), healer's taint that ``before`` carried is gone, or it carries the
+        opt-out label."""
+        name = now.name
+        if not now.unschedulable:
+            return f"node {name} is schedulable: not draining an uncordoned node"
+        ours = [t for t in before.taints if t[0] == self.taint_key]
+        if ours and not any(t[0] == self.taint_key for t in now.taints):
+            return f"healer's taint {self.taint_key} was removed from node {name}: not draining"
+        if now.labels.get(self.settings.opt_out_label, "").lower() == "true":
+            return f"node {name} carries the opt-out label {self.settings.opt_out_label}: not draining"
+        return ""
 
     def _checkpointing(self, view: NodeView) -> drain_mod.Checkpointing:
         return drain_mod.Checkpointing(

@@ -4,14 +4,23 @@ The algorithm is client-go's ``leaderelection.tryAcquireOrRenew`` (kubernetes/cl
 ``tools/leaderelection``), with time passed in:
 
 * no Lease → create it holding it (a 409 AlreadyExists means another replica was faster);
-* held by someone else and ``renewTime + leaseDurationSeconds`` is still ahead → not leader;
+* held by someone else and the Lease record changed less than ``leaseDurationSeconds`` ago, as
+  timed on this replica's own clock → not leader;
 * ours → renew ``renewTime``; expired or released (empty holder) → take over (``acquireTime``,
   ``leaseTransitions + 1``);
 * every update is a ``PUT`` carrying the ``resourceVersion`` read: a 409 Conflict means another
   replica wrote first, so this one is not leader.
 
-Expiry compares the holder's ``renewTime`` with this replica's ``now``: replicas' clocks must agree
-to well within ``lease_duration_seconds`` (NTP), as for any Lease-based election.
+Clocks need not agree. As client-go does (``observedRecord``/``observedTime``), a replica never
+compares the times another process wrote in the Lease with its own clock: it notes, on its own
+clock, when it last *saw the record change* (holder, renew and acquire times, transitions,
+duration), and takes over only once the record has stayed the same for ``leaseDurationSeconds``
+since then. A standby whose clock runs minutes ahead therefore waits as long as one whose clock
+agrees. Pass ``now`` from a clock that does not jump (the controller passes
+:func:`healer.clock.monotonic_clock`'s): only differences of it are used. What the algorithm
+cannot absorb is clocks running at very different *rates*; the leader stops acting
+:data:`RENEW_DEADLINE_FRACTION` of the duration after its last renewal (client-go's
+``renewDeadline`` is 10 s of a 15 s lease), earlier than any standby may take over.
 
 A failed renewal (an API error, a timeout) does not drop leadership at once: as client-go's
 leader keeps retrying until its ``renewDeadline``, this one keeps leading while its last
@@ -41,6 +50,15 @@ from healer.config import KubernetesSettings
 from healer.errors import KubernetesConflict, KubernetesError, KubernetesNotFound
 
 log = logging.getLogger(__name__)
+
+#: The leader acts at most this fraction of ``leaseDurationSeconds`` after its last successful
+#: renewal (client-go's defaults: ``renewDeadline`` 10 s of a 15 s ``leaseDuration``); the margin
+#: absorbs clocks that run at slightly different rates and the time a standby's read takes.
+RENEW_DEADLINE_FRACTION = 2 / 3
+
+#: What of a Lease's spec this replica compares to notice a change (client-go compares the whole
+#: record): holder, acquire and renew times as written, transitions, duration.
+_Record = tuple[str, datetime | None, datetime | None, int, int]
 
 
 class LeaderElector:
@@ -72,6 +90,9 @@ class LeaderElector:
         self._timeout = settings.request_timeout_seconds
         self._leader = False
         self._renewed_at: datetime | None = None
+        #: The Lease record as last read, and when (this replica's clock) it was first seen so.
+        self._observed: _Record | None = None
+        self._observed_at: datetime | None = None
         #: ``leaseTransitions`` of the Lease as this replica last acquired or renewed it (the
         #: fencing number stored with what it records); -1 before it first leads.
         self.fencing_token = -1
@@ -84,13 +105,11 @@ class LeaderElector:
         return self._leader
 
     def still_leader(self, now: datetime) -> bool:
-        """Leader and the last successful renewal has not expired at ``now`` (check before every
-        write)."""
-        return (
-            self._leader
-            and self._renewed_at is not None
-            and now < self._renewed_at + timedelta(seconds=self.duration_seconds)
-        )
+        """Leader, and ``now`` is within the renew deadline of the last successful renewal
+        (:data:`RENEW_DEADLINE_FRACTION` of the lease duration, on this replica's clock): check
+        before every write."""
+        deadline = timedelta(seconds=self.duration_seconds * RENEW_DEADLINE_FRACTION)
+        return self._leader and self._renewed_at is not None and now < self._renewed_at + deadline
 
     def _lose(self, why: str) -> bool:
         self.why_not = why
@@ -98,6 +117,11 @@ class LeaderElector:
             log.warning("lease %s/%s: %s lost leadership: %s", self.namespace, self.name, self.identity, why)
         self._leader = False
         return False
+
+    def _observe(self, record: _Record, now: datetime) -> None:
+        """Note ``record`` as read at ``now``; the time moves only when the record changed."""
+        if record != self._observed:
+            self._observed, self._observed_at = record, now
 
     def _win(self, now: datetime, token: int) -> bool:
         if not self._leader:
@@ -190,13 +214,15 @@ class LeaderElector:
                 self.api.create_namespaced_lease(
                     self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
                 )
+            self._observe(_record_of(body), now)
             return self._win(now, 0)
         spec = lease.spec or k8s.V1LeaseSpec()
         holder = spec.holder_identity or ""
+        duration = spec.lease_duration_seconds or self.duration_seconds
+        self._observe(_record(spec, duration), now)
         if holder and holder != self.identity:
-            renewed = spec.renew_time or spec.acquire_time
-            duration = spec.lease_duration_seconds or self.duration_seconds
-            if renewed is not None and now < renewed + timedelta(seconds=duration):
+            assert self._observed_at is not None
+            if now < self._observed_at + timedelta(seconds=duration):
                 return self._lose(f"held by {holder}")
         transitions = spec.lease_transitions or 0
         if holder == self.identity:
@@ -208,6 +234,7 @@ class LeaderElector:
             transitions=transitions,
         )  # fmt: skip
         self._replace(body, "update")
+        self._observe(_record_of(body), now)
         return self._win(now, transitions)
 
     def release(self, now: datetime | None = None) -> None:
@@ -230,3 +257,26 @@ class LeaderElector:
             log.info("lease %s/%s: %s released leadership", self.namespace, self.name, self.identity)
         except KubernetesError as exc:
             log.warning("lease %s/%s: release failed (it will expire): %s", self.namespace, self.name, exc)
+
+
+def _record(spec: k8s.V1LeaseSpec, duration: int) -> _Record:
+    """The parts of a Lease read from the API server that tell one renewal from the next."""
+    return (
+        spec.holder_identity or "",
+        spec.acquire_time,
+        spec.renew_time,
+        spec.lease_transitions or 0,
+        duration,
+    )
+
+
+def _record_of(body: dict[str, Any]) -> _Record:
+    """:func:`_record` of a Lease body this replica wrote."""
+    spec = body["spec"]
+    return (
+        spec["holderIdentity"] or "",
+        spec["acquireTime"],
+        spec["renewTime"],
+        spec["leaseTransitions"],
+        spec["leaseDurationSeconds"],
+    )

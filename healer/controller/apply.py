@@ -127,6 +127,9 @@ def apply(
                     applied.drain = actions.drain_step(
                         node, started_at=plan.started_at, now=now, options=plan.options
                     )
+                    # The round can take minutes (a budget's wait): the next step (a ticket, once
+                    # drained) must see the node as a human may have left it meanwhile.
+                    applied.view = node = actions.read_node(node.name)
                 case lc.RequestRepair():
                     if repair is None:
                         raise KubernetesError("no repair publisher: repair.actions or its secret unset")

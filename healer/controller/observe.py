@@ -86,6 +86,11 @@ class Labels:
     def opted_out(self, view: NodeView | None) -> bool:
         return view is not None and view.labels.get(self.opt_out_label, "").lower() == "true"
 
+    @property
+    def taint_key(self) -> str:
+        """healer's taint key, ``<domain>/quarantined``."""
+        return f"{self.domain}/quarantined"
+
     def owned(self, view: NodeView | None) -> bool:
         return view is not None and OwnershipKeys.for_domain(self.domain).cordoned_by in view.annotations
 
@@ -191,6 +196,8 @@ def observe(
             else frozenset()
         ),
         recorded_firing=recorded,
+        taint_missing=view is not None and not any(t[0] == labels.taint_key for t in view.taints),
+        opted_out=labels.opted_out(view),
     )
     return Observation(node=node, incident=incident, facts=facts, rows=rows)
 

@@ -107,6 +107,8 @@ class Recorder:
                     findings=evidence,
                     now=now,
                 )
+        if expect == NodeState.DRAINING and step.to is not None and step.to != NodeState.DRAINING:
+            _end_drain(session, node, why=step.reason, now=now)
         if step.to is not None:
             repo.transition(
                 session,
@@ -237,6 +239,8 @@ class Recorder:
                     seen[pod] = {**seen.get(pod, {}), **times}
                 detail["checkpoints"] = seen
                 detail["checkpointing"] = list(report.checkpointing)
+            if report.stopped:
+                detail["stopped"] = report.stopped
             if report.done:
                 row.status = ActionStatus.SUCCEEDED
             elif report.blocked or report.refused:
@@ -246,6 +250,19 @@ class Recorder:
                 detail["refused"] = dict(report.refused)
                 row.error = "drain blocked" if report.blocked else "drain refused"
         row.detail = detail
+
+
+def _end_drain(session: Session, node: Node, *, why: str, now: datetime) -> None:
+    """A drain left unfinished (a human took the node over, the node was deleted, ...): its row,
+    still ``running``, ends ``cancelled`` with the reason, instead of running forever."""
+    for row in session.scalars(
+        select(Action).where(
+            Action.node_id == node.id, Action.kind == "drain", Action.status == ActionStatus.RUNNING
+        )
+    ):
+        row.status = ActionStatus.CANCELLED
+        row.updated_at = now
+        row.error = why[:500]
 
 
 def _close(incident: Incident, *, now: datetime, reason: str) -> None:

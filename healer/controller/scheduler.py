@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
 from healer.actions.validation import Validator
+from healer.clock import MonotonicClock
 from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
@@ -132,6 +133,8 @@ class Controller:
     actions: NodeActions
     rules: RulesHolder
     leadership: Leadership
+    #: Everything recorded and every duration (``for``, holds, deadlines) reads this clock; with
+    #: replicas, one they share (:class:`healer.clock.SharedClock`, the database server's time).
     clock: Callable[[], datetime]
     metrics: HealerMetrics
     identity: str = "healer"
@@ -148,6 +151,9 @@ class Controller:
     gpu_isolation: GpuIsolationSync | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
+    #: This replica's own clock for leader election (client-go times the Lease's observed changes
+    #: on the reader's clock); it must not jump, only its differences are used.
+    lease_clock: Callable[[], datetime] = field(default_factory=MonotonicClock)
     _leader: bool = False
     _group_last: dict[str, datetime] = field(default_factory=dict)
     _tick_seconds: float = 0.0
@@ -168,7 +174,7 @@ class Controller:
 
     def is_leader(self) -> bool:
         """True while this replica holds the Lease (re-read at each call: it can change mid-tick)."""
-        return self._leader and self.leadership.still_leader(self.clock())
+        return self._leader and self.leadership.still_leader(self.lease_clock())
 
     def fence(self) -> Fence:
         """This replica's fence: its identity, the Lease's fencing number, and :meth:`is_leader`."""
@@ -178,7 +184,7 @@ class Controller:
         """Acquire or renew the Lease; a newly won leadership resumes from the database."""
         now = self.clock()
         try:
-            won = self.leadership.try_acquire_or_renew(now)
+            won = self.leadership.try_acquire_or_renew(self.lease_clock())
         except HealerError as exc:
             log.error("lease renewal failed: %s", exc)
             won = False
@@ -484,7 +490,7 @@ class Controller:
             self._scheduler = None
         if self._leader:
             try:
-                self.leadership.release(self.clock())
+                self.leadership.release(self.lease_clock())
             except HealerError as exc:
                 log.warning("could not release the lease: %s", exc)
             self._leader = False

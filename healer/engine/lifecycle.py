@@ -268,6 +268,10 @@ class NodeFacts:
     #: The node's firing findings as last recorded, when this pass has no tick findings (the drain
     #: pass): what a ladder started there is chosen by (class, GPU), never what it acts on.
     recorded_firing: tuple[Finding, ...] = ()
+    #: healer's taint is not on the node as read (a human removed it, if healer holds the node).
+    taint_missing: bool = False
+    #: The node carries the opt-out label now.
+    opted_out: bool = False
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -467,14 +471,23 @@ def _message(finding: Finding) -> str:
     return f"{text}{where}"
 
 
+def _human_change(facts: NodeFacts) -> str:
+    """What a human did to a node healer holds ("" = nothing): its cordon changed (uncordoned, or
+    cordoned where healer only tainted), healer's taint removed, or the opt-out label added."""
+    inc, view = facts.incident, facts.view
+    if inc is None or inc.expect_unschedulable is None or view is None:
+        return ""
+    if view.unschedulable != inc.expect_unschedulable:
+        return "uncordoned" if not view.unschedulable else "cordoned"
+    if facts.taint_missing:
+        return "untainted"
+    if facts.opted_out:
+        return "opted out (opt-out label)"
+    return ""
+
+
 def _human_took_over(facts: NodeFacts) -> bool:
-    inc = facts.incident
-    return (
-        inc is not None
-        and inc.expect_unschedulable is not None
-        and facts.view is not None
-        and facts.view.unschedulable != inc.expect_unschedulable
-    )
+    return bool(_human_change(facts))
 
 
 def _hold_seconds(facts: NodeFacts, ctx: Context) -> float:
@@ -870,8 +883,17 @@ def _deleted(f: NodeFacts, c: Context) -> Step:
 
 
 def _released(f: NodeFacts, c: Context) -> Step:
-    assert f.view is not None
-    what = "uncordoned" if not f.view.unschedulable else "cordoned"
+    what = _human_change(f)
+    if f.opted_out and what.startswith("opted out"):
+        # The opt-out label says "never touch": no release either; the human owns the node as is.
+        return Step(
+            StepKind.RECORD,
+            NodeState.RELEASED,
+            f"node {what} by someone else: healer keeps its hands off, changing nothing on it",
+            memory=Memory(forget_hold=True),
+            already_out=True,
+            row="human took over",
+        )
     return Step(
         StepKind.RELEASE,
         NodeState.RELEASED,

@@ -60,6 +60,7 @@ class ActionStatus(StrEnum):
     BLOCKED = "blocked"  # e.g. a PodDisruptionBudget past the drain deadline
     REFUSED = "refused"  # safety said no (budget, breaker, pause, window, opt-out)
     DRY_RUN = "dry_run"  # recorded only
+    CANCELLED = "cancelled"  # ended before it finished: a drain a human stopped (uncordon, ...)
 
 
 class TicketStatus(StrEnum):

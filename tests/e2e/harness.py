@@ -208,6 +208,43 @@ class World:
         )
         return f"{namespace}/{name}-0"
 
+    def deployment(self, namespace: str, name: str, *, replicas: int, node: str) -> list[str]:
+        """A Deployment of ``replicas`` pods, all started on ``node`` (the test's other nodes are
+        cordoned meanwhile), whose replacements after an eviction go to the test's other nodes;
+        waits until every replica runs and returns their ``namespace/name``."""
+        others = [n for n in self.nodes if n != node]
+        for other in others:
+            self.core.patch_node(other, {"spec": {"unschedulable": True}})
+        labels = {"app": name}
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "nodeSelector": {GROUP_LABEL: self.prefix},
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            },
+        }
+        k8s.AppsV1Api(self.api).create_namespaced_deployment(namespace, body)
+
+        def running() -> list[str] | None:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=f"app={name}").items
+            up = [p for p in pods if p.status.phase == "Running" and p.spec.node_name == node]
+            return [f"{namespace}/{p.metadata.name}" for p in up] if len(up) == replicas else None
+
+        pods = wait_until(running, timeout=90, what=f"{replicas} pods of {name} Running on {node}")
+        for other in others:
+            self.core.patch_node(other, {"spec": {"unschedulable": None}})
+        return pods
+
     def daemon_set(self, namespace: str, name: str) -> None:
         """A DaemonSet on every node of this test; waits until each node runs its pod."""
         labels = {"app": name}

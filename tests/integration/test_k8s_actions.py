@@ -540,12 +540,14 @@ class TestLease:
         assert a.try_acquire_or_renew(T0) and a.is_leader
         assert not b.try_acquire_or_renew(T0 + timedelta(seconds=1))
         assert a.try_acquire_or_renew(T0 + timedelta(seconds=5))
-        assert not b.try_acquire_or_renew(T0 + timedelta(seconds=19))  # renewed at 5, expires at 20
-        assert a.still_leader(T0 + timedelta(seconds=19))
-        assert not a.still_leader(T0 + timedelta(seconds=20))
+        assert not b.try_acquire_or_renew(T0 + timedelta(seconds=6))  # b sees the renewal at 6
+        assert not b.try_acquire_or_renew(T0 + timedelta(seconds=20))  # unchanged for 14 s only
+        # the leader stops acting at its renew deadline (2/3 of the 15 s), before any takeover
+        assert a.still_leader(T0 + timedelta(seconds=14))
+        assert not a.still_leader(T0 + timedelta(seconds=15))
 
-        assert b.try_acquire_or_renew(T0 + timedelta(seconds=20))  # a stopped renewing
-        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=21))
+        assert b.try_acquire_or_renew(T0 + timedelta(seconds=21))  # unchanged for 15 s: a stopped
+        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=22))
         assert not a.is_leader
         lease = emulator.get("Lease", "healer-leader", "healer-system", api_version="coordination.k8s.io/v1")
         assert lease is not None
@@ -590,22 +592,49 @@ class TestLease:
             for c in clients:
                 c.close()
 
-    def test_a_failed_renewal_keeps_leading_until_the_lease_duration(
+    @pytest.mark.parametrize("skew", [75, -90])
+    def test_a_skewed_standby_neither_steals_nor_waits_longer(
+        self,
+        emulator: KubernetesEmulator,
+        k8s_api: ApiClient,
+        k8s_settings: KubernetesSettings,
+        skew: int,
+    ) -> None:
+        """Issue 24: a standby whose clock ran 75 s ahead took the Lease from a leader renewing
+        every second. The standby times the Lease's changes on its own clock (client-go), so
+        neither an offset ahead nor one behind moves the takeover: 15 s after the last change."""
+        a = LeaderElector(k8s_api, k8s_settings, identity="healer-a")
+        b = LeaderElector(k8s_api, k8s_settings, identity="healer-b")
+        offset = timedelta(seconds=skew)
+        for second in range(30):
+            assert a.try_acquire_or_renew(T0 + timedelta(seconds=second)), second
+            b_now = T0 + offset + timedelta(seconds=second + 0.5)
+            assert not b.try_acquire_or_renew(b_now), f"b took over at {second} s"
+            assert a.still_leader(T0 + timedelta(seconds=second + 0.5))
+        # a's last renewal (at 29) was seen by b at 29.5 on its clock: a takeover needs 15 s more
+        assert not b.try_acquire_or_renew(T0 + offset + timedelta(seconds=44))
+        assert not a.still_leader(T0 + timedelta(seconds=39))  # long stopped acting by then
+        assert b.try_acquire_or_renew(T0 + offset + timedelta(seconds=44.5))
+        assert b.fencing_token == a.fencing_token + 1
+
+    def test_a_failed_renewal_keeps_leading_until_the_renew_deadline(
         self, emulator: KubernetesEmulator, k8s_api: ApiClient, k8s_settings: KubernetesSettings
     ) -> None:
         """client-go's leader retries its renewal until its deadline; one failure is not a loss
-        (issue 12: dropping leadership on one failed renewal). Past the duration it is."""
+        (issue 12: dropping leadership on one failed renewal). Past the deadline it is."""
         a = LeaderElector(k8s_api, k8s_settings, identity="healer-a")
         b = LeaderElector(k8s_api, k8s_settings, identity="healer-b")
         assert a.try_acquire_or_renew(T0)
         emulator.inject_error("PUT", r"/leases/healer-leader$", 500)
         assert a.try_acquire_or_renew(T0 + timedelta(seconds=5))  # one failure: still leading
-        assert a.try_acquire_or_renew(T0 + timedelta(seconds=10))  # renewed again
+        assert a.try_acquire_or_renew(T0 + timedelta(seconds=8))  # renewed again
+        assert not b.try_acquire_or_renew(T0 + timedelta(seconds=9))  # b sees that renewal at 9
         emulator.inject_error("PUT", r"/leases/healer-leader$", 500, times=2)
-        assert a.try_acquire_or_renew(T0 + timedelta(seconds=20))  # renewed at 10: lasts until 25
-        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=25))  # API down past the duration
-        assert not a.still_leader(T0 + timedelta(seconds=25))
-        assert b.try_acquire_or_renew(T0 + timedelta(seconds=26))
+        assert a.try_acquire_or_renew(T0 + timedelta(seconds=17))  # renewed at 8: leads until 18
+        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=18))  # API down past the deadline
+        assert not a.still_leader(T0 + timedelta(seconds=18))
+        assert not b.try_acquire_or_renew(T0 + timedelta(seconds=23))  # 14 s since the change seen
+        assert b.try_acquire_or_renew(T0 + timedelta(seconds=24))
         assert b.fencing_token > a.fencing_token >= 0
 
 

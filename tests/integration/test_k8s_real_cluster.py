@@ -344,7 +344,9 @@ def test_lease_election_with_two_replicas(kube_healer_api: ApiClient, kube_admin
     lease = k8s.CoordinationV1Api(kube_admin).read_namespaced_lease(settings.lease_name, "healer-system")
     assert lease.spec.holder_identity == "healer-0"
     assert lease.spec.renew_time == now + timedelta(seconds=5)
-    # The holder stops renewing; once its lease expires the other replica takes over.
+    assert two.try_acquire_or_renew(now + timedelta(seconds=6)) is False  # sees the renewal at 6
+    # The holder stops renewing; 15 s after the last change it saw, the other replica takes over.
+    assert two.try_acquire_or_renew(now + timedelta(seconds=20)) is False
     assert two.try_acquire_or_renew(now + timedelta(seconds=21)) is True
     assert one.try_acquire_or_renew(now + timedelta(seconds=22)) is False
     two.release(now + timedelta(seconds=23))
