@@ -29,14 +29,19 @@ def _node_summary(session: Session, node: Node) -> Any:
 def release(
     factory: sessionmaker[Session], *, node: str, actor: str, now: datetime, reason: str = ""
 ) -> OperationOut:
-    """Release ``node``: it goes to ``validating`` and back to service once its rules stay clear."""
+    """Ask for ``node``'s release: the controller's next tick moves it to ``validating``, and it is
+    back in service once its rules stay clear."""
     with factory() as session, session.begin():
         queries.get_node(session, node)
         try:
             row = operations.release_node(session, node_name=node, actor=actor, now=now, reason=reason)
         except operations.OperationError as exc:
             raise ApiError(409, str(exc)) from exc
-        return OperationOut(message=f"{node} released: now {row.state}", node=_node_summary(session, row))
+        message = (
+            f"{node} release requested: the controller moves it from {row.state} to validating "
+            "at its next tick"
+        )
+        return OperationOut(message=message, node=_node_summary(session, row))
 
 
 def add_note(

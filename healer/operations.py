@@ -1,6 +1,10 @@
 """What a human operator can do (CLI and dashboard share these): release a node, pause, reset the
 circuit breaker, add a note. Each is recorded in the audit log (``actions``) with the user.
 
+Node state has one writer, the controller's lifecycle table: a release here is a request written
+on the node's open incident; the controller's next reconcile of the node (every tick) moves it, by
+the table's "operator release" row, with the same fencing as every other transition.
+
 Functions take the caller's session and never commit. They raise :class:`OperationError` with a
 message fit for the user when the operation does not apply (unknown node, wrong state).
 """
@@ -12,22 +16,13 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from healer.engine.lifecycle import RELEASABLE
 from healer.errors import HealerError
-from healer.model.states import ActionStatus, NodeState
+from healer.model.states import ActionStatus
 from healer.store import nodes as repo
 from healer.store.models import Node
 
-#: States from which an operator may send a node to validation (and then back to service).
-RELEASABLE = frozenset(
-    {
-        NodeState.QUARANTINED,
-        NodeState.DRAINING,
-        NodeState.AWAITING_REPAIR,
-        NodeState.REPAIRED,
-        NodeState.BLOCKED,
-        NodeState.RELEASED,
-    }
-)
+__all__ = ["RELEASABLE", "OperationError", "release_node"]
 
 
 class OperationError(HealerError):
@@ -42,32 +37,32 @@ def _node(session: Session, name: str) -> Node:
 
 
 def release_node(session: Session, *, node_name: str, actor: str, now: datetime, reason: str = "") -> Node:
-    """Tell healer the node is repaired: it moves to ``validating`` and returns to service once its
-    rules stay clear for the recovery hold.
+    """Tell healer the node is repaired: the request is recorded on its open incident, and the
+    controller's next reconcile moves it to ``validating``; it returns to service once its rules
+    stay clear for the recovery hold. The node's state is not changed here.
 
     Raises:
-        OperationError: unknown node, or not in a releasable state (e.g. already healthy).
+        OperationError: unknown node, not in a releasable state (e.g. already healthy), or no open
+            incident to release.
     """
     node = _node(session, node_name)
     if node.state not in RELEASABLE:
         raise OperationError(
             f"node {node_name} is {node.state}; only {', '.join(sorted(RELEASABLE))} can be released"
         )
-    why = reason or "released by operator"
     incident = repo.open_incident(session, node)
-    if incident is not None:
-        # Validation starts now: an earlier clear stretch or a blocked step no longer applies.
-        incident.clear_since = None
-        incident.blocked_step = None
-        incident.blocked_reason = None
-    repo.transition(session, node, NodeState.VALIDATING, now=now, actor=actor, reason=why)
+    if incident is None:
+        raise OperationError(f"node {node_name} is {node.state} but has no open incident to release")
+    why = reason or "released by operator"
+    incident.release_requested = {"actor": actor, "reason": why, "at": now.isoformat()}
     repo.record_action(
         session,
         kind="release",
-        status=ActionStatus.SUCCEEDED,
+        status=ActionStatus.PENDING,
         actor=actor,
         now=now,
         node=node,
+        incident=incident,
         detail={"reason": why},
     )
     return node

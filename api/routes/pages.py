@@ -44,7 +44,10 @@ PAGE_SIZE = 50
 
 #: Result banners after a redirect; fixed texts keyed by a code, so no text is reflected from the URL.
 DONE_MESSAGES = {
-    "release": "Node released: it is validating now and returns to service once its rules stay clear.",
+    "release": (
+        "Release requested: healer moves the node to validating at its next tick, and returns it to "
+        "service once its rules stay clear."
+    ),
     "note": "Note added.",
     "pause": "healer is paused: no new quarantine, drain or ticket.",
     "resume": "healer resumed.",
@@ -352,8 +355,9 @@ class ConfirmSpec:
 SPECS = {
     "release": ConfirmSpec(
         "Release node",
-        "The node goes to validating: healer un-cordons it once its rules stay clear for the recovery "
-        "hold. Use this when the node was repaired or you take responsibility for it.",
+        "healer moves the node to validating at its next tick and un-cordons it once its rules stay "
+        "clear for the recovery hold. Use this when the node was repaired or you take responsibility "
+        "for it.",
         "Release",
     ),
     "note": ConfirmSpec(

@@ -37,8 +37,9 @@ def release(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(
-        f"{node}: validating; back in service once its rules stay clear for the recovery hold "
-        "(counted from when its last finding resolves, after the rule's keep_firing_for)"
+        f"{node}: release requested; the controller moves it to validating at its next tick, and it "
+        "is back in service once its rules stay clear for the recovery hold (counted from when its "
+        "last finding resolves, after the rule's keep_firing_for)"
     )
 
 

@@ -238,6 +238,7 @@ def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) ->
         ladder_started_at=incident.ladder_started_at,
         repair_nonce=incident.repair_nonce,
         validation=incident.validation,
+        release_requested=incident.release_requested,
     )
 
 

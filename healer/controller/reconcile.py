@@ -297,9 +297,13 @@ class Reconciler:
         outcome: NodeOutcome | None = None
         report: DrainReport | None = None
         for i in range(max_steps):
-            plan, self._safety = self._plan(
-                run, name, seen, self._safety, notices=i == 0, drain_due=drain_due, report=report
-            )
+            try:
+                plan, self._safety = self._plan(
+                    run, name, seen, self._safety, notices=i == 0, drain_due=drain_due, report=report
+                )
+            except StaleState as exc:  # a refusal's move to blocked: another writer moved the node
+                log.warning("%s", exc)
+                return replace(outcome or NodeOutcome(name, "", None), refused="stale")
             outcome = outcome or NodeOutcome(name, plan.from_state, None)
             if plan.notices:
                 self._commit(run.wave)

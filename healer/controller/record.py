@@ -159,6 +159,22 @@ class Recorder:
         blocks moves the node to ``blocked``. Returns whether the node moved."""
         incident = repo.open_incident(session, node)
         reason = str(decision.reason)
+        moves = decision.blocks and node.state != NodeState.BLOCKED
+        if moves:
+            # The compare-and-set first: a stale one raises before anything of the refusal is written.
+            repo.transition(
+                session,
+                node,
+                NodeState.BLOCKED,
+                now=self.now,
+                actor=self.actor,
+                reason=f"{reason}: {decision.message}",
+                evidence=step.evidence,
+                incident=incident,
+                expect=node.state,
+                holder=self.holder,
+                fencing_token=self.fencing_token,
+            )
         seen = session.scalar(
             select(Action.id)
             .where(
@@ -182,27 +198,11 @@ class Recorder:
                 error=reason,
                 detail={"message": decision.message, "wanted": step.to and str(step.to), "step": step.row},
             )
-        if not decision.blocks:
-            return False
-        if incident is not None:
+        if decision.blocks and incident is not None:
             if incident.blocked_step is None:
                 incident.blocked_step = "quarantine"
             incident.blocked_reason = f"{reason}: {decision.message}"
-        if node.state == NodeState.BLOCKED:
-            return False
-        repo.transition(
-            session,
-            node,
-            NodeState.BLOCKED,
-            now=self.now,
-            actor=self.actor,
-            reason=f"{reason}: {decision.message}",
-            evidence=step.evidence,
-            incident=incident,
-            holder=self.holder,
-            fencing_token=self.fencing_token,
-        )
-        return True
+        return moves
 
     def drain_progress(
         self, session: Session, node: Node, *, error: str | None, report: DrainReport | None
@@ -283,6 +283,7 @@ def _remember(incident: Incident, step: lc.Step) -> None:
     incident.ladder_started_at = after.ladder_started_at
     incident.repair_nonce = after.repair_nonce
     incident.validation = after.validation
+    incident.release_requested = after.release_requested
     if step.memory.blocked_step is not None:
         incident.blocked_reason = step.reason
     elif after.blocked_step is None:

@@ -235,6 +235,8 @@ class IncidentFacts:
     repair_nonce: str | None = None
     # The validation Job of this incident: {"job", "status" (running|succeeded|failed), "result"}.
     validation: dict[str, object] | None = None
+    # An operator's release not acted on yet: {"actor", "reason", "at"} (``healer node release``).
+    release_requested: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,7 @@ class Memory:
     ladder_started_at: datetime | None = None
     repair_nonce: str | None = None
     validation: dict[str, object] | None = None
+    release_handled: bool = False  # the operator's release request is acted on: forget it
 
 
 @dataclass(frozen=True)
@@ -1123,6 +1126,51 @@ def _return_to_service(f: NodeFacts, c: Context) -> Step:
     )
 
 
+#: States from which an operator's release sends a node to validation (``healer node release``).
+RELEASABLE = frozenset(
+    {
+        NodeState.QUARANTINED,
+        NodeState.DRAINING,
+        NodeState.AWAITING_REPAIR,
+        NodeState.REPAIRED,
+        NodeState.BLOCKED,
+        NodeState.RELEASED,
+    }
+)
+
+
+def _release_requested(f: NodeFacts, c: Context) -> bool:
+    return f.incident is not None and bool(f.incident.release_requested)
+
+
+def _operator_release(f: NodeFacts, c: Context) -> Step:
+    """The operator says the node is repaired: validating, the hold (and a Job) before return."""
+    assert f.incident is not None and f.incident.release_requested
+    request = f.incident.release_requested
+    actor, why = request.get("actor") or "an operator", request.get("reason") or "released by operator"
+    return Step(
+        StepKind.RECORD,
+        NodeState.VALIDATING,
+        f"released by {actor} ({why}): validating before return to service",
+        evidence={"release": dict(request)},
+        # Validation starts now: an earlier clear stretch or a blocked step no longer applies.
+        memory=Memory(reset_clear=True, release_handled=True),
+        already_out=True,
+        row="operator release",
+    )
+
+
+def _stale_release(f: NodeFacts, c: Context) -> Step:
+    """A release asked for in a state it does not apply to (the node moved on meanwhile)."""
+    return Step(
+        StepKind.RECORD,
+        None,
+        f"release request dropped: the node is {f.state}",
+        memory=Memory(release_handled=True),
+        row="release request dropped",
+    )
+
+
 def _blocked_before_touching(f: NodeFacts, c: Context) -> bool:
     return f.incident is None or f.incident.blocked_step != "drain"
 
@@ -1130,6 +1178,8 @@ def _blocked_before_touching(f: NodeFacts, c: Context) -> bool:
 TABLE: tuple[Row, ...] = (
     Row("deleted", ANY - {NodeState.UNKNOWN}, lambda f, c: f.deleted, _deleted),
     Row("human took over", HELD, lambda f, c: _human_took_over(f), _released),
+    Row("operator release", RELEASABLE, _release_requested, _operator_release),
+    Row("release request dropped", ANY - RELEASABLE, _release_requested, _stale_release),
     Row(
         "data back",
         _s(NodeState.UNKNOWN),
@@ -1355,6 +1405,7 @@ def remember(incident: IncidentFacts, step: Step) -> IncidentFacts:
         ladder_started_at=m.ladder_started_at or incident.ladder_started_at,
         repair_nonce=m.repair_nonce if m.repair_nonce is not None else incident.repair_nonce,
         validation=m.validation if m.validation is not None else incident.validation,
+        release_requested=None if m.release_handled else incident.release_requested,
     )
 
 

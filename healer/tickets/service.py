@@ -34,7 +34,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from healer.model.states import ActionStatus, NodeState, OutboxStatus, TicketStatus
+from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.operations import OperationError
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
@@ -77,16 +77,6 @@ _RANK = {
     TicketStatus.REJECTED: 3,
     TicketStatus.CLOSED: 3,
 }
-#: Node states in which a provider's "resolved" sends the node to validation.
-REPAIRABLE = frozenset(
-    {
-        NodeState.QUARANTINED,
-        NodeState.DRAINING,
-        NodeState.AWAITING_REPAIR,
-        NodeState.BLOCKED,
-        NodeState.REPAIRED,
-    }
-)
 
 
 class TicketNotFound(OperationError):
@@ -101,7 +91,7 @@ class StatusChange:
     status: str
     previous: str
     changed: bool
-    node_state: str | None = None  # the node's state after the callback, when it moved
+    node_state: str | None = None  # the node's state as recorded (the controller moves it next tick)
 
 
 def _ticket(session: Session, ticket_id: int) -> Ticket:
@@ -189,38 +179,11 @@ def apply_provider_status(
     }
     if reason:
         detail["reason"] = reason
-    if status == TicketStatus.RESOLVED and node is not None:
-        if node.state in REPAIRABLE:
-            why = f"provider {ticket.provider} resolved ticket {ticket.external_id or ticket.id}"
-            evidence = {"ticket_id": ticket.id, "external_id": ticket.external_id, "reason": reason}
-            if node.state != NodeState.REPAIRED:
-                repo.transition(
-                    session,
-                    node,
-                    NodeState.REPAIRED,
-                    now=now,
-                    actor=actor,
-                    reason=why,
-                    evidence=evidence,
-                    incident=incident,
-                )
-            repo.transition(
-                session,
-                node,
-                NodeState.VALIDATING,
-                now=now,
-                actor=actor,
-                reason=(
-                    "validating after repair: back in service once its rules stay clear for the "
-                    "recovery hold, counted from when its last finding resolves (after the rule's "
-                    "keep_firing_for)"
-                ),
-                evidence=evidence,
-                incident=incident,
-            )
-            node_state = node.state
-        else:
-            detail["node_unchanged"] = f"node is {node.state}"
+    if node is not None:
+        # The ticket's status is an input: the controller's next reconcile of the node moves it
+        # (a resolved ticket: repaired, then validating) by the lifecycle table, fenced like every
+        # transition. Node state has one writer.
+        node_state = node.state
     repo.record_action(
         session,
         kind="ticket_status",

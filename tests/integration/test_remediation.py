@@ -315,7 +315,14 @@ def test_return_to_service_after_release_and_a_clear_recovery_hold(harness: Harn
     t1 = T0 + timedelta(hours=2)
     with transaction(harness.sessions) as s:
         operations.release_node(s, node_name="gpu-04", actor="cli:alice", now=t1, reason="GPU replaced")
-    harness.remediate(tick(t1))  # clear: the hold starts
+    # One writer of node state (issue 24): the request waits for the controller's reconcile.
+    assert harness.state("gpu-04") == NodeState.AWAITING_REPAIR
+    harness.remediate(tick(t1))  # released by the lifecycle's row; clear: the hold starts
+    with harness.sessions() as s:
+        moved = s.scalars(select(Transition).where(Transition.to_state == "validating")).one()
+        assert (moved.from_state, moved.actor) == ("awaiting_repair", "healer")
+        assert "released by cli:alice (GPU replaced)" in moved.reason
+        assert s.scalars(select(Incident)).one().release_requested is None  # acted on once
     harness.remediate(
         tick(t1 + timedelta(seconds=120), hot("gpu-04", rule="EccNotice"))
     )  # notify-only: not a fault

@@ -43,7 +43,7 @@ def test_node_list_and_release(db: str) -> None:
     assert "gpu-07" in out and "awaiting_repair" in out and "gpu-08" not in out
 
     code, out = run("node", "release", "gpu-07", "--reason", "GPU 3 replaced")
-    assert code == 0 and "gpu-07: validating" in out
+    assert code == 0 and "gpu-07: release requested" in out
     with sessions() as s:
         row = s.scalars(select(Action).where(Action.kind == "release")).one()
         assert (row.actor, row.detail) == ("cli:alice", {"reason": "GPU 3 replaced"})

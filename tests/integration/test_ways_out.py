@@ -239,9 +239,10 @@ def test_blocked_drain_escalates_ticket_metric_and_dashboard_flag(harness: Harne
 
     # The provider repairs it: validation, then back to service.
     resolve(harness, ticket.id, T0 + timedelta(hours=3))
-    assert harness.state("gpu-05") == NodeState.VALIDATING
+    assert harness.state("gpu-05") == NodeState.BLOCKED  # the callback moves no node: one writer
     t2 = T0 + timedelta(hours=3, seconds=10)
     run(harness, tick(t2))
+    assert harness.state("gpu-05") == NodeState.VALIDATING
     run(harness, tick(t2 + timedelta(seconds=HOLD)))
     assert harness.state("gpu-05") == NodeState.HEALTHY
     assert "healer_drain_blocked_nodes 0.0" in metrics.exposition().decode()
@@ -338,9 +339,10 @@ def test_repaired_node_with_the_same_old_xid_stays_healthy_a_new_xid_reopens(har
 
     t1 = T0 + timedelta(hours=1)
     resolve(harness, ticket.id, t1)
-    assert harness.state("gpu-07") == NodeState.VALIDATING
+    assert harness.state("gpu-07") == NodeState.AWAITING_REPAIR  # the next reconcile moves it
     # The exporter still shows 79 (sticky gauge): old evidence, validation goes on.
     run(harness, tick(t1 + timedelta(seconds=10), xid("gpu-07", 79)))
+    assert harness.state("gpu-07") == NodeState.VALIDATING
     run(harness, tick(t1 + timedelta(seconds=10 + HOLD), xid("gpu-07", 79)))
     assert harness.state("gpu-07") == NodeState.HEALTHY
     assert harness.cordoned() == []

@@ -231,6 +231,65 @@ CASES = [
         ["Event", "Release", "SetCondition"],
     ),
     (
+        "draining, healer's taint removed by a human (still cordoned) → released",
+        facts(NodeState.DRAINING, incident=HELD, firing=HOT, view=CORDONED, taint_missing=True),
+        "human took over",
+        NodeState.RELEASED,
+        ["Event", "Release", "SetCondition"],
+    ),
+    (
+        "draining, opt-out label added → released, nothing touched on the node",
+        facts(NodeState.DRAINING, incident=HELD, firing=HOT, view=CORDONED, opted_out=True),
+        "human took over",
+        NodeState.RELEASED,
+        [],
+    ),
+    (
+        "awaiting repair, operator release requested → validating",
+        facts(
+            NodeState.AWAITING_REPAIR,
+            incident=replace(HELD, release_requested={"actor": "cli:alice", "reason": "GPU swapped"}),
+            firing=HOT,
+            view=CORDONED,
+        ),
+        "operator release",
+        NodeState.VALIDATING,
+        [],
+    ),
+    (
+        "draining, operator release requested → validating (the drain ends)",
+        facts(
+            NodeState.DRAINING,
+            incident=replace(HELD, release_requested={"actor": "bob"}),
+            view=CORDONED,
+        ),
+        "operator release",
+        NodeState.VALIDATING,
+        [],
+    ),
+    (
+        "validating, a release requested meanwhile → the request is dropped",
+        facts(
+            NodeState.VALIDATING,
+            incident=replace(HELD, release_requested={"actor": "bob"}),
+            view=CORDONED,
+        ),
+        "release request dropped",
+        None,
+        [],
+    ),
+    (
+        "draining, uncordoned and a release requested → the human's uncordon wins",
+        facts(
+            NodeState.DRAINING,
+            incident=replace(HELD, release_requested={"actor": "bob"}),
+            view=view(owned=True),
+        ),
+        "human took over",
+        NodeState.RELEASED,
+        ["Event", "Release", "SetCondition"],  # the incident's rule is taken as still firing
+    ),
+    (
         "draining, no report yet → nothing (advance_drains drives it)",
         facts(NodeState.DRAINING, incident=HELD, firing=HOT, view=CORDONED),
         None,
@@ -520,6 +579,17 @@ def test_transition_table(
     assert (step.row if step else None) == row
     assert (step.to if step else None) == to
     assert kinds(step) == effects
+
+
+def test_an_operator_release_is_acted_on_once() -> None:
+    """The request is an input on the incident: the step that acts on it forgets it, so the next
+    tick does not send the node back to validating a second time."""
+    inc = replace(HELD, release_requested={"actor": "cli:alice", "reason": "GPU swapped"}, clear_since=NOW)
+    step = lc.decide(facts(NodeState.AWAITING_REPAIR, incident=inc, view=CORDONED), CTX)
+    assert step is not None and "released by cli:alice (GPU swapped)" in step.reason
+    after = lc.remember(inc, step)
+    assert after.release_requested is None
+    assert after.clear_since is None  # validation's hold starts from scratch
 
 
 def test_every_state_has_a_way_on() -> None:
