@@ -115,9 +115,8 @@ def _table(report: Report) -> str:
         out += ["", DEGRADED]
         for u in report.degraded:
             how_many = f"up to {u.series} series in {u.ticks} of {report.ticks} ticks"
-            out.append(degraded_line(u.rule, how_many, u.example_instance))
-            tried = f"    tried {', '.join(u.node_labels)}"
-            out.append(tried + (f", then the instance address: {u.why}" if u.why else "") + f"; {u.example}")
+            out.append(degraded_line(u.rule, how_many, u.first.example_instance))
+            out.append(f"    first tick: {u.first}")
     return "\n".join(out)
 
 

@@ -241,9 +241,17 @@ def report_dict(report: Report) -> dict[str, Any]:
     """The report as JSON-ready data (times ISO 8601 UTC, hours rounded to 4 decimals)."""
     body = asdict(report)
     for rule, summary in zip(body["rules"], report.rules, strict=True):
-        if summary.unresolved is not None:
-            # as `healer evaluate -o json` names it: the scrape address is the first thing to fix
-            rule["unresolved"]["example_instance"] = summary.unresolved.example_instance
+        if (tally := summary.unresolved) is not None:
+            # one level, as `healer evaluate -o json` has it (example_instance: the address to fix)
+            first = tally.first
+            rule["unresolved"] = {
+                "ticks": tally.ticks,
+                "series": tally.series,
+                "node_labels": list(first.node_labels),
+                "example": dict(first.example),
+                "example_instance": first.example_instance,
+                "why": first.why,
+            }
     body["breaker_trips"] = [{"at": at, "reason": why} for at, why in report.breaker_trips]
     return dict(_plain(body))
 

@@ -122,29 +122,22 @@ class OutPeriod:
 
 @dataclass(frozen=True)
 class UnresolvedTally:
-    """A rule's series that named no node over a replay, as ``healer evaluate`` reports them for
-    one tick (:class:`~healer.model.findings.UnresolvedSeries`): ``ticks`` that had any, ``series``
-    the most in one tick, and the first tick's example (its labels, and ``why`` its address named
-    no node). Such series act on nothing, so the replay undercounts the rule."""
+    """A rule's series that named no node over a replay: ``ticks`` that had any, ``series`` the
+    most in one tick, and ``first``, the first such tick's report as ``healer evaluate`` gives it
+    (its example, and why its address named no node). Such series act on nothing, so the replay
+    undercounts the rule."""
 
-    rule: str
-    ticks: int
-    series: int
-    node_labels: tuple[str, ...]
-    example: dict[str, str]
-    why: str | None = None
+    first: UnresolvedSeries
+    ticks: int = 1
+    series: int = 0
 
     @property
-    def example_instance(self) -> str | None:
-        return self.example.get("instance")
+    def rule(self) -> str:
+        return self.first.rule
 
     def counted(self, seen: UnresolvedSeries) -> UnresolvedTally:
         """This tally with one more tick's ``seen`` series."""
         return replace(self, ticks=self.ticks + 1, series=max(self.series, seen.count))
-
-    @classmethod
-    def first(cls, seen: UnresolvedSeries) -> UnresolvedTally:
-        return cls(seen.rule, 1, seen.count, seen.node_labels, dict(seen.example), seen.why)
 
 
 @dataclass(frozen=True)
@@ -206,7 +199,9 @@ class Replay:
         self._state = ev.state
         for rule, seen in ev.findings.unresolved.items():
             known = self._unresolved.get(rule)
-            self._unresolved[rule] = known.counted(seen) if known else UnresolvedTally.first(seen)
+            self._unresolved[rule] = (
+                known.counted(seen) if known else UnresolvedTally(seen, series=seen.count)
+            )
         for change in ev.changes:
             if change.kind in (ChangeKind.FIRED, ChangeKind.RESOLVED):
                 kind = EventKind.FIRED if change.kind == ChangeKind.FIRED else EventKind.RESOLVED

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from healer.ruletest.series import Series, openmetrics
 from healer.sources.scratch import scratch_prometheus
 from tests.conftest import REPO
+from tests.healer_cli import run_healer
 
 pytestmark = pytest.mark.prometheus
 
@@ -70,9 +70,7 @@ def healer(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[
         # no cluster: the address lookup fails, and says so, as it would without access
         "HEALER_KUBERNETES__KUBECONFIG": str(tmp_path / "no-such-kubeconfig"),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "healer", *args], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_healer(*args, env=env, timeout=120)
 
 
 def _json(text: str) -> Any:
