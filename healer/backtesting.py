@@ -13,9 +13,10 @@ from dataclasses import replace
 from datetime import datetime
 
 from healer.engine.backtest import QueryFailure, Report, summarize
-from healer.engine.evaluation import QueryResult, node_of
+from healer.engine.evaluation import QueryResult, needs_addresses, node_of
 from healer.engine.replay import Replay, ReplaySettings
-from healer.errors import SourceError
+from healer.errors import HealerError, SourceError
+from healer.model.addresses import AddressBook, failed_book
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.sources.history import DEFAULT_CHUNK_SECONDS, history_ticks, tick_times
 from healer.sources.prometheus_range import PrometheusRange
@@ -41,12 +42,19 @@ def backtest(
     fleet_query: str | None = DEFAULT_FLEET_QUERY,
     chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
     progress: Callable[[int], None] | None = None,
+    addresses: Callable[[], AddressBook] | None = None,
 ) -> list[Report]:
     """Replay ``[start, end]`` every ``step_seconds`` through each ``(label, ruleset)``; one report each.
 
     ``fleet_query`` returns one series per node of the fleet (its node label names it); None counts
     only the nodes the rules return. ``progress`` gets the ticks done after each chunk. A rule whose
     query Prometheus failed is frozen for those ticks and listed in the report's ``failures``.
+
+    ``addresses`` reads the cluster's address book, as for ``healer evaluate``: called at most once,
+    at the first tick where a series names no node by its labels; its failure (``HealerError``) is
+    the reason given for those series. The book is the cluster's now, not at the time of the
+    history. Series that still name no node are in each rule's ``unresolved``: never dropped
+    silently.
     """
     queries: dict[str, str] = {}
     for i, (_, ruleset) in enumerate(rulesets):
@@ -55,6 +63,7 @@ def backtest(
     if fleet_query:
         queries[_FLEET] = fleet_query
     replays = [Replay(ruleset, settings) for _, ruleset in rulesets]
+    book: list[AddressBook] = []  # read once, when first needed
     # (set index, rule) -> ticks failed and the first error: the report must say what it did not see.
     failed: dict[tuple[int, str], int] = {}
     first_error: dict[tuple[int, str], str] = {}
@@ -82,7 +91,9 @@ def backtest(
                 if isinstance(value, SourceError):
                     failed[i, name] = failed.get((i, name), 0) + 1
                     first_error.setdefault((i, name), str(value))
-            replay.tick(at, mine, fleet=fleet)
+            if addresses is not None and not book and needs_addresses(replay.ruleset, mine):
+                book.append(_read(addresses))
+            replay.tick(at, mine, fleet=fleet, addresses=book[0] if book else None)
     return [
         replace(
             summarize(
@@ -101,3 +112,11 @@ def backtest(
         )
         for i, (replay, (label, ruleset)) in enumerate(zip(replays, rulesets, strict=True))
     ]
+
+
+def _read(addresses: Callable[[], AddressBook]) -> AddressBook:
+    """The cluster's address book, or an empty one saying why it could not be read."""
+    try:
+        return addresses()
+    except HealerError as exc:
+        return failed_book(str(exc))

@@ -52,10 +52,12 @@ class FakeSysfs:
             for name in (*ERROR_COUNTERS, "port_rcv_data", "port_xmit_data"):
                 (counters / name).write_text("0\n")
 
-    def set_state(self, device: str, state: int, *, port: int = 1) -> None:
-        """Port state (4 ACTIVE, 1 DOWN, ...); the physical state follows (LinkUp or Polling)."""
+    def set_state(self, device: str, state: int, *, port: int = 1, phys: int | None = None) -> None:
+        """Port state (4 ACTIVE, 1 DOWN, ...) and physical state (5 LinkUp, 2 Polling, 3 Disabled ...;
+        by default LinkUp when ACTIVE, else Polling: an InfiniBand port without a link)."""
         (self._port(device, port) / "state").write_text(PORT_STATES[state] + "\n")
-        (self._port(device, port) / "phys_state").write_text(PHYS_STATES[5 if state == 4 else 2] + "\n")
+        phys = (5 if state == 4 else 2) if phys is None else phys
+        (self._port(device, port) / "phys_state").write_text(PHYS_STATES[phys] + "\n")
 
     def set_counter(self, device: str, name: str, value: int, *, port: int = 1) -> None:
         (self._port(device, port) / "counters" / name).write_text(f"{value}\n")

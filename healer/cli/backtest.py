@@ -3,7 +3,11 @@
 Exit status: 0 the report was produced; 1 Prometheus failed for part of the window (the report is
 still printed, then one error line per rule concerned: it was frozen for those ticks, as in the
 controller), or for all of it (no report); 2 bad usage, settings or rules (PromQL is checked by
-promtool when it is installed, as ``healer rules validate`` does).
+promtool when it is installed, as ``healer rules validate`` does), or a rule is degraded: some of
+its series named no node (no node label, and their ``instance`` address is no Node's and no
+exporter pod's), as ``healer evaluate --once`` exits 2. Those series are counted per rule in every
+output (``unresolved``), never dropped silently; addresses are looked up in the cluster as
+``healer evaluate`` does, only when such series exist.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from healer.cli.context import settings_from
+from healer.cli.evaluate import DEGRADED, degraded_line
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
@@ -106,6 +111,12 @@ def _table(report: Report) -> str:
         out += ["", columns(node_rows)]
     for at, why in report.breaker_trips:
         out.append(f"circuit breaker tripped at {at.isoformat()}: {why}")
+    if report.degraded:
+        out += ["", DEGRADED]
+        for u in report.degraded:
+            how_many = f"up to {u.series} series in {u.ticks} of {report.ticks} ticks"
+            out.append(degraded_line(u.rule, how_many, u.first.example_instance))
+            out.append(f"    first tick: {u.first}")
     return "\n".join(out)
 
 
@@ -231,6 +242,7 @@ def backtest(
                 ),
                 chunk_seconds=chunk_s,
                 progress=progress,
+                addresses=wiring.address_lookup(settings),
             )
         except SourceError as exc:
             typer.echo(f"error: {exc}", err=True)
@@ -259,6 +271,8 @@ def backtest(
     if failures:
         _echo_failures(failures, len(reports) > 1)
         raise typer.Exit(1)
+    if any(r.degraded for r in reports):
+        raise typer.Exit(2)
 
 
 def _echo_failures(failures: list[tuple[str, QueryFailure]], labelled: bool) -> None:

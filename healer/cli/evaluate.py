@@ -170,16 +170,22 @@ def as_table(result: DetectionResult) -> str:
     out += [columns(rows), "", f"{result.queries} queries in {result.duration_seconds:.3f}s"]
     degraded = [r for r in result.reports if r.unresolved is not None]
     if degraded:
+        out += ["", DEGRADED]
         out += [
-            "",
-            "degraded: series that name no node act on nothing; give them a node label or an address:",
-        ]
-        out += [
-            f"  {r.rule}: {r.unresolved.count} series, e.g. instance={r.unresolved.example_instance or '-'}"
+            degraded_line(r.rule, f"{r.unresolved.count} series", r.unresolved.example_instance)
             for r in degraded
             if r.unresolved is not None
         ]
     return "\n".join(out)
+
+
+#: Above the rules some of whose series name no node (``healer evaluate`` and ``healer backtest``).
+DEGRADED = "degraded: series that name no node act on nothing; give them a node label or an address:"
+
+
+def degraded_line(rule: str, how_many: str, instance: str | None) -> str:
+    """One rule under :data:`DEGRADED`: how many series, and the scrape address of one of them."""
+    return f"  {rule}: {how_many}, e.g. instance={instance or '-'}"
 
 
 def as_json(result: DetectionResult) -> dict[str, Any]:

@@ -6,7 +6,8 @@ A :class:`~healer.engine.replay.ReplayResult` becomes a :class:`Report`:
   quarantined, started a drain, asked for a ticket, or been held by the budget or the breaker;
 - per rule (:class:`RuleSummary`): findings fired, nodes that fired, nodes taken out of service,
   node-hours lost (hours out of service, from the quarantine to the return to service, or to the
-  end of the window when the node was still out), holds by the budget and the breaker.
+  end of the window when the node was still out), holds by the budget and the breaker, and the
+  series that named no node (``unresolved``: they act on nothing, as ``healer evaluate`` reports).
 
 :func:`compare` sets two reports side by side (current vs proposed rule set): per rule the
 difference in nodes out and node-hours, and the nodes only one of them takes out.
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from healer.engine.replay import EventKind, ReplayResult
+from healer.engine.replay import EventKind, ReplayResult, UnresolvedTally
 
 _NODE_FIELDS = {
     EventKind.FIRED: "fired",
@@ -49,7 +50,8 @@ class NodeRow:
 
 @dataclass
 class RuleSummary:
-    """One rule over the window: counts, and ``node_hours`` lost (hours)."""
+    """One rule over the window: counts, ``node_hours`` lost (hours), and ``unresolved``: its
+    series that named no node (None: every series named one)."""
 
     rule: str
     fired: int = 0
@@ -58,6 +60,7 @@ class RuleSummary:
     node_hours: float = 0.0
     held_budget: int = 0
     held_breaker: int = 0
+    unresolved: UnresolvedTally | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,11 @@ class Report:
 
     def rule(self, name: str) -> RuleSummary | None:
         return next((r for r in self.rules if r.rule == name), None)
+
+    @property
+    def degraded(self) -> list[UnresolvedTally]:
+        """The rules some of whose series named no node: the report undercounts them."""
+        return [r.unresolved for r in self.rules if r.unresolved is not None]
 
     def steps(self) -> dict[tuple[str, str], list[str]]:
         """(node, rule) → the kinds of steps taken, in order (``quarantined``, ``drained`` ...)."""
@@ -153,6 +161,8 @@ def summarize(
             rows[key].hours_out += hours
         if p.rule is not None:
             summaries.setdefault(p.rule, RuleSummary(p.rule)).node_hours += hours
+    for tally in result.unresolved:
+        summaries.setdefault(tally.rule, RuleSummary(tally.rule)).unresolved = tally
     for summary in summaries.values():
         summary.nodes_fired = len({n for (r, n), row in rows.items() if r == summary.rule and row.fired})
         summary.nodes_out = len({p.node for p in periods if p.rule == summary.rule})
@@ -230,6 +240,18 @@ def _plain(value: Any) -> Any:
 def report_dict(report: Report) -> dict[str, Any]:
     """The report as JSON-ready data (times ISO 8601 UTC, hours rounded to 4 decimals)."""
     body = asdict(report)
+    for rule, summary in zip(body["rules"], report.rules, strict=True):
+        if (tally := summary.unresolved) is not None:
+            # one level, as `healer evaluate -o json` has it (example_instance: the address to fix)
+            first = tally.first
+            rule["unresolved"] = {
+                "ticks": tally.ticks,
+                "series": tally.series,
+                "node_labels": list(first.node_labels),
+                "example": dict(first.example),
+                "example_instance": first.example_instance,
+                "why": first.why,
+            }
     body["breaker_trips"] = [{"at": at, "reason": why} for at, why in report.breaker_trips]
     return dict(_plain(body))
 

@@ -35,8 +35,9 @@ from healer.engine import safety
 from healer.engine.evaluation import ChangeKind, EvaluationState, QueryResult, evaluate, node_of
 from healer.engine.fleet import order, turned_bad
 from healer.errors import SourceError
+from healer.model.addresses import AddressBook
 from healer.model.drain import DrainReport
-from healer.model.findings import TickFindings
+from healer.model.findings import TickFindings, UnresolvedSeries
 from healer.model.limits import SafetyLimits
 from healer.model.node import NodeView
 from healer.model.states import OUT_OF_SERVICE, NodeState, TicketStatus
@@ -120,6 +121,26 @@ class OutPeriod:
 
 
 @dataclass(frozen=True)
+class UnresolvedTally:
+    """A rule's series that named no node over a replay: ``ticks`` that had any, ``series`` the
+    most in one tick, and ``first``, the first such tick's report as ``healer evaluate`` gives it
+    (its example, and why its address named no node). Such series act on nothing, so the replay
+    undercounts the rule."""
+
+    first: UnresolvedSeries
+    ticks: int = 1
+    series: int = 0
+
+    @property
+    def rule(self) -> str:
+        return self.first.rule
+
+    def counted(self, seen: UnresolvedSeries) -> UnresolvedTally:
+        """This tally with one more tick's ``seen`` series."""
+        return replace(self, ticks=self.ticks + 1, series=max(self.series, seen.count))
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     """Everything a replay produced: events in time order, out-of-service periods, the window."""
 
@@ -129,6 +150,8 @@ class ReplayResult:
     events: list[ReplayEvent]
     out_periods: list[OutPeriod]
     nodes_seen: int
+    #: Rules whose series named no node at some tick (by rule name, in rule order).
+    unresolved: list[UnresolvedTally] = field(default_factory=list)
 
 
 class Replay:
@@ -147,6 +170,7 @@ class Replay:
         self._start: datetime | None = None
         self._end: datetime | None = None
         self._ticks = 0
+        self._unresolved: dict[str, UnresolvedTally] = {}
 
     # -- public --
 
@@ -156,17 +180,28 @@ class Replay:
         results: Mapping[str, QueryResult | SourceError],
         *,
         fleet: Iterable[str] = (),
+        addresses: AddressBook | None = None,
     ) -> TickFindings:
         """Advance one tick at ``at`` with every rule's result at that time; returns the findings.
 
         A rule missing from ``results`` is frozen for the tick (as a query the deadline cut off).
         ``fleet`` names nodes known to exist at ``at`` (they size the budget and the breaker).
+        ``addresses`` names the node of a series without a node label by its ``instance``, as in
+        :func:`~healer.engine.evaluation.evaluate`; series that still name no node are tallied
+        (:attr:`ReplayResult.unresolved`).
         """
         self._start = self._start or at
         self._end = at
         self._ticks += 1
-        ev = evaluate(ruleset=self.ruleset, results=results, previous=self._state, now=at)
+        ev = evaluate(
+            ruleset=self.ruleset, results=results, previous=self._state, now=at, addresses=addresses
+        )
         self._state = ev.state
+        for rule, seen in ev.findings.unresolved.items():
+            known = self._unresolved.get(rule)
+            self._unresolved[rule] = (
+                known.counted(seen) if known else UnresolvedTally(seen, series=seen.count)
+            )
         for change in ev.changes:
             if change.kind in (ChangeKind.FIRED, ChangeKind.RESOLVED):
                 kind = EventKind.FIRED if change.kind == ChangeKind.FIRED else EventKind.RESOLVED
@@ -198,6 +233,7 @@ class Replay:
             events=list(self._events),
             out_periods=periods,
             nodes_seen=len(self._seen),
+            unresolved=[self._unresolved[r.name] for r in self.ruleset.rules if r.name in self._unresolved],
         )
 
     def state_of(self, node: str) -> NodeState:

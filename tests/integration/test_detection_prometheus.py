@@ -18,7 +18,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from healer.sources.prometheus import PrometheusSource
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
+from tests.healer_cli import run_healer
 from tests.services import (
     PrometheusServer,
     ScrapeTarget,
@@ -589,15 +589,7 @@ def run_cli(*args: str, prometheus_url: str, db_url: str) -> subprocess.Complete
         "HEALER_RULES_PATHS": json.dumps([str(REPO / "rules")]),
         "HEALER_DATABASE__URL": db_url,
     }
-    # The interpreter running the tests, so it works outside an activated virtual environment.
-    return subprocess.run(
-        [sys.executable, "-m", "healer", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_healer(*args, env=env)
 
 
 def test_cli_evaluate_once(timeline: Timeline, migrated_sqlite_url: str) -> None:
