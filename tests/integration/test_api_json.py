@@ -229,7 +229,8 @@ class TestActions:
         assert r.json()["node"]["state"] == "quarantined"
         assert "release requested" in r.json()["message"]
         audit = client.get("/api/v1/audit", params={"kind": "release"}).json()["items"]
-        assert [(a["actor"], a["target"], a["status"]) for a in audit] == [("alice", "gpu-node-07", "pending")]
+        rows = [(a["actor"], a["target"], a["status"]) for a in audit]
+        assert rows == [("alice", "gpu-node-07", "pending")]
         assert audit[0]["detail"]["reason"] == "GPU 3 reseated"
 
     def test_release_refusals(self, client: httpx.Client) -> None:
