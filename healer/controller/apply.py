@@ -5,9 +5,12 @@ adapter as ONE :class:`~healer.model.node.NodeEdit`, so they are one patch; the 
 status patch; Events reuse the node as read. Each write returns the node as the API server
 answered, which the next step starts from (no re-read). The first failure stops the step.
 
-One audit row per effect actually performed: a write the adapter found already done (the node was
-as wanted, e.g. a step retried after a crash or a failure further on) adds no row, so a retried
-step does not record a second "cordon succeeded". Events are always sent, so always recorded.
+Each effect comes back as a :class:`Done`, ``found`` when the adapter found the node already as
+wanted (a step retried after a crash between its write and its record, or after a failure further
+on). The record (:mod:`healer.controller.record`) keeps one audit row per effect and incident: a
+found effect is recorded "found applied after restart" when its incident has no row for it yet,
+and nothing when it has, so a retried step never records a second "cordon succeeded". Events are
+always sent, so always recorded.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Done:
     detail: dict[str, Any]
     status: ActionStatus
     error: str | None = None
+    found: bool = False  # the node was already as wanted: this step wrote nothing for it
 
 
 @dataclass
@@ -96,7 +100,9 @@ def apply(
                     before, applied.view = node, actions.edit(node, edit)
                     node = applied.view
                     changed = {"cordon": _cordon_changed(before, node), "taint": before.taints != node.taints}
-                    applied.done += [Done(kind, detail, status) for kind, detail in rows if changed[kind]]
+                    applied.done += [
+                        Done(kind, detail, status, found=not changed[kind]) for kind, detail in rows
+                    ]
                     i += len(rows)
                     continue
                 case lc.SetCondition(healthy=healthy, reason=reason, message=message):
@@ -105,8 +111,10 @@ def apply(
                         actions.set_condition(node, healthy=healthy, reason=reason, message=message, now=now),
                     )
                     node = applied.view
-                    if before.condition_details != node.condition_details:
-                        applied.done.append(Done("condition", {"healthy": healthy, "reason": reason}, status))
+                    found = before.condition_details == node.condition_details
+                    applied.done.append(
+                        Done("condition", {"healthy": healthy, "reason": reason}, status, found=found)
+                    )
                 case lc.Event(reason=reason, message=message, warning=warning, key=key):
                     actions.event(node, reason=reason, message=message, warning=warning, now=now)
                     detail: dict[str, Any] = {"reason": reason, "message": message}
@@ -116,12 +124,13 @@ def apply(
                 case lc.Release():
                     before, applied.view = node, actions.release(node, now=now)
                     node = applied.view
-                    if (
+                    found = not (
                         _cordon_changed(before, node)
+                        or before.annotations != node.annotations
                         or before.taints != node.taints
                         or before.condition_details != node.condition_details
-                    ):
-                        applied.done.append(Done("release", {}, status))
+                    )
+                    applied.done.append(Done("release", {}, status, found=found))
                 case lc.DrainStep():
                     plan = drain or DrainPlan(started_at=now, options=DrainOptions())
                     applied.drain = actions.drain_step(
@@ -167,8 +176,11 @@ def apply(
 
 
 def _cordon_changed(before: NodeView, after: NodeView) -> bool:
-    """The write changed the cordon or healer's ownership annotations (it was not a no-op)."""
-    return before.unschedulable != after.unschedulable or before.annotations != after.annotations
+    """The write cordoned (or uncordoned) the node or claimed (or gave up) healer's ownership of
+    the cordon. Rewriting only the reason, incident or time annotations of a cordon healer already
+    holds (a retried step, an adopted node) is the same cordon, not a new one."""
+    claimed = [any(k.endswith("/cordoned-by") for k in v.annotations) for v in (before, after)]
+    return before.unschedulable != after.unschedulable or claimed[0] != claimed[1]
 
 
 def _edit(

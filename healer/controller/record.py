@@ -133,10 +133,25 @@ class Recorder:
     def effects(
         self, session: Session, node: Node, incident: Incident | None, done: Sequence[Done], step: lc.Step
     ) -> None:
-        """One audit row per effect performed (and one for the effect that failed), in one INSERT."""
-        repo.insert_actions(
-            session,
-            [
+        """One audit row per effect and incident (and one for each effect that failed), in one
+        INSERT: an effect the incident already has a row for (the same cordon, taint value or
+        condition, retried) adds none; one healer finds applied with no row yet (its process died
+        between the write and the record) is recorded once, "found applied after restart"."""
+        done = [d for d in done if not (self.audited and d.kind != "notify" and d.error is None)]
+        seen = _recorded_effects(session, incident, done)
+        rows = []
+        for d in done:
+            if d.error is None and d.kind in _ONCE:
+                key = (d.kind, _effect_key(d.kind, d.detail))
+                if key in seen:
+                    continue
+                seen.add(key)
+            detail = {**d.detail, "step": step.row}
+            if d.error is None and d.kind in _ONCE:
+                detail["how"] = "found applied after restart" if d.found else "applied"
+            elif d.found:
+                continue  # a no-op write of a kind not kept once per incident: nothing happened
+            rows.append(
                 repo.record_action(
                     session,
                     add=False,
@@ -147,12 +162,10 @@ class Recorder:
                     node=node,
                     incident=incident,
                     error=d.error,
-                    detail={**d.detail, "step": step.row},
+                    detail=detail,
                 )
-                for d in done
-                if not (self.audited and d.kind != "notify" and d.error is None)
-            ],
-        )
+            )
+        repo.insert_actions(session, rows)
 
     def refusal(self, session: Session, node: Node, step: lc.Step, decision: safety.Decision) -> bool:
         """Record a refused step once per reason while the node stays in its state; a refusal that
@@ -250,6 +263,38 @@ class Recorder:
                 detail["refused"] = dict(report.refused)
                 row.error = "drain blocked" if report.blocked else "drain refused"
         row.detail = detail
+
+
+#: Effects recorded at most once per incident (the same effect found or applied again is one row).
+_ONCE = frozenset({"cordon", "taint", "condition", "release"})
+
+
+def _effect_key(kind: str, detail: dict[str, object]) -> str:
+    """What makes two effects of ``kind`` the same effect: the taint's value and effect, the
+    condition's status and reason; a cordon and a release are one per incident."""
+    if kind == "taint":
+        return f"{detail.get('value')}:{detail.get('effect')}"
+    if kind == "condition":
+        return f"{detail.get('healthy')}:{detail.get('reason')}"
+    return ""
+
+
+def _recorded_effects(
+    session: Session, incident: Incident | None, done: Sequence[Done]
+) -> set[tuple[str, str]]:
+    """The (kind, key) of the effects ``incident`` already has a succeeded audit row for, among
+    the kinds in ``done`` (no query when there are none)."""
+    kinds = {d.kind for d in done if d.error is None and d.kind in _ONCE}
+    if incident is None or incident.id is None or not kinds:
+        return set()
+    rows = session.execute(
+        select(Action.kind, Action.detail).where(
+            Action.incident_id == incident.id,
+            Action.kind.in_(sorted(kinds)),
+            Action.status == ActionStatus.SUCCEEDED,
+        )
+    )
+    return {(kind, _effect_key(kind, detail or {})) for kind, detail in rows}
 
 
 def _end_drain(session: Session, node: Node, *, why: str, now: datetime) -> None:

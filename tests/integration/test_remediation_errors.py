@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -99,6 +100,22 @@ def test_a_retried_step_records_each_effect_once(harness: Harness) -> None:
     assert done.count(("setcondition", ActionStatus.FAILED)) == 1
 
 
+def test_a_reason_that_changes_between_retries_is_still_one_cordon(harness: Harness) -> None:
+    """Issue 24: a retried quarantine whose reason text changed (89 C, then 90 C) rewrote the reason
+    annotation and recorded a second "cordon succeeded"; it is one cordon, one row."""
+    harness.emu.load(fleet_nodes(20))
+    harness.emu.inject_error("PATCH", r"/api/v1/nodes/gpu-06/status$", 500)
+    harness.remediate(tick(T0, replace(hot("gpu-06"), value=89.0, summary="GPU 3 at 89 C")))
+    harness.remediate(
+        tick(T0 + timedelta(seconds=30), replace(hot("gpu-06"), value=90.0, summary="GPU 3 at 90 C"))
+    )
+
+    assert harness.state("gpu-06") == NodeState.DRAINING
+    rows = [a for a in harness.actions_of("gpu-06") if a.status == ActionStatus.SUCCEEDED]
+    assert [a.kind for a in rows].count("cordon") == 1
+    assert [a.kind for a in rows].count("taint") == 1
+
+
 def _marked_by_a_dead_process(harness: Harness, name: str) -> None:
     """What a process killed between its cordon and its record leaves: the node cordoned, tainted,
     annotated by healer, with nothing in the database."""
@@ -137,6 +154,18 @@ def test_marks_the_record_does_not_account_for_are_released_or_adopted(harness: 
     with harness.sessions() as s:
         incident = s.scalars(select(Incident).join(Node).where(Node.name == "gpu-08")).one()
     assert adopted["metadata"]["annotations"]["healer.dev/incident"] == str(incident.id)
+    # One audit row per effect (issue 24): the dead process's cordon and taint have no row yet, so
+    # the retried step records each once, saying how it learned of it.
+    how = [
+        (a.kind, (a.detail or {}).get("how"))
+        for a in harness.actions_of("gpu-08")
+        if a.kind in ("cordon", "taint", "condition") and a.status == ActionStatus.SUCCEEDED
+    ]
+    assert sorted(how) == [
+        ("condition", "applied"),
+        ("cordon", "found applied after restart"),
+        ("taint", "found applied after restart"),
+    ]
 
     # While a rule's query fails, its finding may be firing unseen: nothing is released.
     _marked_by_a_dead_process(harness, "gpu-09")
