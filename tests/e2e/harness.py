@@ -209,12 +209,10 @@ class World:
         return f"{namespace}/{name}-0"
 
     def deployment(self, namespace: str, name: str, *, replicas: int, node: str) -> list[str]:
-        """A Deployment of ``replicas`` pods, all started on ``node`` (the test's other nodes are
-        cordoned meanwhile), whose replacements after an eviction go to the test's other nodes;
-        waits until every replica runs and returns their ``namespace/name``."""
-        others = [n for n in self.nodes if n != node]
-        for other in others:
-            self.core.patch_node(other, {"spec": {"unschedulable": True}})
+        """A Deployment of ``replicas`` pods pinned to ``node`` (its hostname label); waits until
+        every replica runs and returns their ``namespace/name``. A replacement after an eviction
+        stays Pending while the node is cordoned, so a budget over them allows the next eviction
+        only once the node is schedulable again."""
         labels = {"app": name}
         body = {
             "apiVersion": "apps/v1",
@@ -226,7 +224,7 @@ class World:
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
-                        "nodeSelector": {GROUP_LABEL: self.prefix},
+                        "nodeSelector": {"kubernetes.io/hostname": node},
                         "terminationGracePeriodSeconds": 0,
                         "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
                     },
@@ -240,10 +238,8 @@ class World:
             up = [p for p in pods if p.status.phase == "Running" and p.spec.node_name == node]
             return [f"{namespace}/{p.metadata.name}" for p in up] if len(up) == replicas else None
 
-        pods = wait_until(running, timeout=90, what=f"{replicas} pods of {name} Running on {node}")
-        for other in others:
-            self.core.patch_node(other, {"spec": {"unschedulable": None}})
-        return pods
+        found: list[str] = wait_until(running, timeout=90, what=f"{replicas} pods of {name} on {node}")
+        return found
 
     def daemon_set(self, namespace: str, name: str) -> None:
         """A DaemonSet on every node of this test; waits until each node runs its pod."""

@@ -3,9 +3,12 @@
 waits for a PodDisruptionBudget stops it before the next eviction: the node is recorded
 ``released``, no ticket goes to the provider and the drain's audit row ends ``cancelled``.
 
+The replicas are pinned to the node, so after the first eviction the budget allows nothing more
+and the step waits on it; right after the uncordon the budget is loosened, so the step's budget
+watch wakes while it runs: a drain that read the node only when its step started evicts the rest.
+
 Real processes and services: `healer run` as the chart's ServiceAccount, KWOK nodes, a Deployment
-under a ``maxUnavailable: 1`` budget the disruption controller computes (its replacements start on
-the test's other nodes), a real Prometheus scraping the fleet simulator, a webhook receiver on
+under a ``maxUnavailable: 1`` budget the disruption controller computes, a real Prometheus scraping the fleet simulator, a webhook receiver on
 loopback, SQLite. Evictions and their times come from the API server's audit log.
 """
 
@@ -74,10 +77,14 @@ def test_an_uncordon_while_the_drain_waits_for_a_budget_stops_it_before_the_next
                 return [e.pod for e in world.kube.evictions() if e.pod in pods and e.code == 201]
 
             wait_until(evicted_by_healer, timeout=120, what="healer's first eviction")
-            # A random moment within the budget-paced drain (a replacement takes about a second).
-            time.sleep(random.Random(seed).uniform(0.0, 1.5))
+            # A random moment early in the drain step's wait for the budget (it waits up to 5 s, and
+            # the replacement takes seconds to start once the node is schedulable).
+            time.sleep(random.Random(seed).uniform(0.0, 0.5))
             world.core.patch_node(bad, {"spec": {"unschedulable": None}})
             uncordoned_at = time.time()  # the API server has applied it: every later eviction is late
+            # The budget frees at once (its owner loosens it): the drain's budget watch wakes now,
+            # while the step is still running, not seconds later when a replacement is Ready.
+            world.budget(web, "web", app="web", max_unavailable=len(pods))
             wait_until(lambda: state(sessions, bad) == "released", timeout=60, what=f"{bad} released")
             time.sleep(3)  # a drain job or tick that would still evict or ticket has run by now
             with sessions() as s:

@@ -67,6 +67,7 @@ CLUSTER_PERMISSIONS = {
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
     ("policy", "poddisruptionbudgets", "list"),
+    ("policy", "poddisruptionbudgets", "watch"),  # a drain waits on the budgets it is held by
     *(("kueue.x-k8s.io", "clusterqueues", verb) for verb in ("get", "list", "patch")),  # quota sync
     *(("resource.k8s.io", "devicetaintrules", verb) for verb in ("list", "create", "delete")),  # GPU out
 }
@@ -643,9 +644,13 @@ def test_cluster_role_covers_every_kubernetes_call_the_adapter_makes() -> None:
     """Every CoreV1/Policy/Events/Coordination method healer/actions calls maps to a granted verb."""
     calls = set()
     for path in (REPO / "healer" / "actions").glob("*.py"):
-        calls |= set(re.findall(r"\.((?:create|delete|list|read|patch|replace)_[a-z_]+)\(", path.read_text()))
+        text = path.read_text()
+        calls |= set(re.findall(r"\.((?:create|delete|list|read|patch|replace)_[a-z_]+)\(", text))
+        # A watch streams a list method: ``Watch().stream(api.list_..., ...)`` needs the watch verb.
+        calls |= {f"watch_{m}" for m in re.findall(r"\.stream\(\s*\w+\.list_([a-z_]+),", text)}
     verbs = {"create": "create", "delete": "delete", "list": "list", "read": "get", "patch": "patch"}
     verbs["replace"] = "update"
+    verbs["watch"] = "watch"
     resources = {
         "namespaced_pod_eviction": ("", "pods/eviction"),
         "namespaced_pod": ("", "pods"),
