@@ -186,7 +186,10 @@ class RetryingApiClient(k8s.ApiClient):
         # own call_api (bound, or one a caller set on the instance to count requests) sends.
         vars(self).update(vars(inner))
         vars(self).pop("call_api", None)
-        self._send = inner.call_api
+        # Wrapping a retrying client again must not multiply the tries.
+        self._send: Callable[..., RESTResponse] = (
+            inner._send if isinstance(inner, RetryingApiClient) else inner.call_api
+        )
         self._sleep = sleep
 
     def call_api(

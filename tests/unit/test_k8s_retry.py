@@ -172,6 +172,15 @@ def test_reads_and_writes_give_up_after_their_tries_with_the_last_answer(server:
     assert all(base <= w <= base + 0.1 for w, base in zip(waits, (0.2, 0.4, 0.8), strict=True))
 
 
+def test_a_retrying_client_wrapped_again_does_not_multiply_the_tries(server: Scripted) -> None:
+    with server.client() as inner:
+        twice = RetryingApiClient(RetryingApiClient(inner, sleep=lambda _: None), sleep=lambda _: None)
+        server.script = [Answer(503)] * 20
+        with pytest.raises(KubernetesError):
+            call(twice, "GET", "/api/v1/nodes/gpu-1")
+    assert len(server.requests) == READ_ATTEMPTS
+
+
 # -- Retry-After ------------------------------------------------------------------------------------
 
 
