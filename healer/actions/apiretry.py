@@ -18,7 +18,10 @@ Not retried:
     through untouched (:func:`policy_for`): :mod:`healer.actions.drain` reads an eviction's answer
     itself (429 ``DisruptionBudget`` holds the pod, another 429 waits its ``Retry-After`` once, 500
     "more than one PodDisruptionBudget" blocks), and a pod an eviction missed is evicted by the
-    next drain round.
+    next drain round, which lists the pods on the node again. An eviction re-sent by name after a
+    lost answer can meet the controller's replacement pod of the same name, Pending: the API server
+    retries its uid precondition for about 10 s before answering 409 (seen on the test control
+    plane), holding the whole drain pass.
 
 How often and how long (:data:`READ`, :data:`WRITE`):
     reads (GET): :data:`READ_ATTEMPTS` tries, full jitter, the n-th wait uniform in
