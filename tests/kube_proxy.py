@@ -6,14 +6,22 @@ relays the answer, streamed (watches work). :meth:`ApiProxy.hold` keeps the next
 back for some seconds after the API server has applied the request: the write is visible in the
 cluster while the client still waits, which is the moment a crash or a freeze test needs (a slow
 network or a stopped VM, as a fault-injection proxy such as toxiproxy would simulate).
+
+:meth:`ApiProxy.fail` makes it fail a share of the requests instead, each drawn from a seeded
+``random.Random`` in the order the requests arrive: a 500 or a 429 with ``Retry-After`` answered by
+the proxy (the API server never sees the request), or a connection dropped without an answer,
+before the API server sees the request or after it has applied it (the answer is lost).
 """
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +43,21 @@ HOP_BY_HOP = {
 }
 
 
+#: The faults :meth:`ApiProxy.fail` draws from: answered 500 by the proxy; answered 429 with
+#: ``Retry-After: 1`` (API priority and fairness's answer, no ``DisruptionBudget`` cause); the
+#: connection closed before the request reaches the API server; closed after the API server
+#: applied it, the answer lost.
+FAULTS = ("500", "429", "drop", "drop-after")
+
+
+@dataclass
+class _Failing:
+    rate: float
+    rng: random.Random
+    path: re.Pattern[str]
+    kinds: tuple[str, ...]
+
+
 @dataclass
 class _Hold:
     method: str
@@ -54,7 +77,11 @@ class ApiProxy:
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
         self._holds: list[_Hold] = []
+        self._failing: _Failing | None = None
         self._lock = threading.Lock()
+        #: Requests received, and the faults injected by kind, since the proxy started.
+        self.received = 0
+        self.injected: Counter[str] = Counter()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05})
@@ -70,6 +97,27 @@ class ApiProxy:
         with self._lock:
             self._holds.append(_Hold(method.upper(), re.compile(path_regex), seconds, times))
 
+    def fail(self, rate: float, *, seed: int, path_regex: str = "", kinds: tuple[str, ...] = FAULTS) -> None:
+        """Fail about ``rate`` (0..1) of the requests whose path (without the query) matches
+        ``path_regex`` from now on, each fault one of ``kinds`` (:data:`FAULTS`), drawn from
+        ``random.Random(seed)`` as the requests arrive. ``rate`` 0 stops failing."""
+        with self._lock:
+            self._failing = (
+                _Failing(rate, random.Random(seed), re.compile(path_regex), kinds) if rate > 0 else None
+            )
+
+    def _draw_fault(self, path: str) -> str | None:
+        with self._lock:
+            self.received += 1
+            failing = self._failing
+            if failing is None or not failing.path.search(path.split("?")[0]):
+                return None
+            if failing.rng.random() >= failing.rate:
+                return None
+            kind = failing.rng.choice(failing.kinds)
+            self.injected[kind] += 1
+            return kind
+
     def _take_hold(self, method: str, path: str) -> float:
         with self._lock:
             for h in self._holds:
@@ -84,9 +132,30 @@ class ApiProxy:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def _answer_status(self, code: int, reason: str, headers: dict[str, str]) -> None:
+                """A ``Status`` answer as kube-apiserver writes one."""
+                status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code}
+                data = json.dumps({**status, "reason": reason, "message": "injected by the test proxy"})
+                self.send_response(code)
+                for k, v in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data.encode())
+
             def _relay(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                fault = proxy._draw_fault(self.path)
+                if fault == "500":
+                    self._answer_status(500, "InternalError", {})
+                    return
+                if fault == "429":
+                    self._answer_status(429, "TooManyRequests", {"Retry-After": "1"})
+                    return
+                if fault == "drop":
+                    self.close_connection = True
+                    return
                 headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
                 request = proxy._client.build_request(
                     self.command, proxy.upstream + self.path, headers=headers, content=body
@@ -95,6 +164,10 @@ class ApiProxy:
                     answer = proxy._client.send(request, stream=True)
                 except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: the proxy is stopping
                     self.send_error(502, f"upstream: {exc}")
+                    return
+                if fault == "drop-after":
+                    answer.close()  # applied by the API server; the client never hears of it
+                    self.close_connection = True
                     return
                 try:
                     held = proxy._take_hold(self.command, self.path)

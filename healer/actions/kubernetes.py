@@ -16,7 +16,11 @@ through the official ``kubernetes`` client. What it writes on a node, for ``doma
 On pods, only when a drain asks them to checkpoint first: ``healer.dev/checkpoint-requested-at``,
 ``-deadline`` and ``-incident`` annotations (:mod:`healer.actions.checkpoint`).
 
-Every ``ApiException`` becomes a :class:`healer.errors.KubernetesError` (404 → ``KubernetesNotFound``,
+Every request goes through :class:`~healer.actions.apiretry.RetryingApiClient`: a transient
+failure (5xx, 429, a dropped connection or a timeout) is retried on its own, reads quickly with
+jitter, writes with a short backoff, a ``Retry-After`` honoured (bounded); the drain's evictions and
+watches are left to :mod:`healer.actions.drain`. What still fails, and every other
+``ApiException``, becomes a :class:`healer.errors.KubernetesError` (404 → ``KubernetesNotFound``,
 409 → ``KubernetesConflict``, 429 → ``KubernetesTooManyRequests``) with the exception as
 ``__cause__``; transport failures become a ``KubernetesError`` with ``status=None``.
 
@@ -44,6 +48,7 @@ from kubernetes import client as k8s
 from healer.actions import drain as drain_mod
 from healer.actions import rawcalls
 from healer.actions.apierrors import api_call
+from healer.actions.apiretry import RetryingApiClient
 from healer.actions.base import NodeRef
 from healer.actions.checkpoint import CheckpointKeys
 from healer.actions.timestamps import micro_time
@@ -199,9 +204,11 @@ class KubernetesNodeActions:
         self.settings = settings
         self.identity = identity
         self.clock = clock
-        self.api = api_client
-        self.core = k8s.CoreV1Api(api_client)
-        self.policy = k8s.PolicyV1Api(api_client)
+        # Every request (node reads and writes, Events, the drain's lists) retries a transient
+        # failure on its own (:mod:`.apiretry`) instead of failing the node's whole step.
+        self.api: k8s.ApiClient = RetryingApiClient(api_client)
+        self.core = k8s.CoreV1Api(self.api)
+        self.policy = k8s.PolicyV1Api(self.api)
         self.keys = OwnershipKeys.for_domain(settings.domain)
         self.taint_key = f"{settings.domain}/quarantined"
         self._timeout = settings.request_timeout_seconds
@@ -406,7 +413,7 @@ class KubernetesNodeActions:
         """Create an ``events.k8s.io/v1`` Event regarding the Node (``kubectl describe node`` and
         ``kubectl events`` show it), its UID taken from ``node`` as read, in ``default``
         (cluster-scoped objects' Events must live there), named explicitly (:func:`event_name`).
-        Not deduplicated: each call is one Event."""
+        Not deduplicated: each call is one Event (a retried POST of it too: its name is the call's)."""
         at = now or self.clock()
         view = self._view(node)
         name = view.name
@@ -426,7 +433,12 @@ class KubernetesNodeActions:
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": view.uid},
         }
         path = f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events"
-        self._call(f"record event {reason} on node {name}", "POST", path, body, "application/json")
+        try:
+            self._call(f"record event {reason} on node {name}", "POST", path, body, "application/json")
+        except KubernetesConflict:
+            # AlreadyExists: the name is this call's own (event_name), so an earlier try of this
+            # POST created it and only its answer was lost; the retry found it.
+            log.debug("event %s on node %s: created by an earlier try", reason, name)
 
     def drain_step(
         self, node: NodeRef, *, started_at: datetime, now: datetime, options: DrainOptions

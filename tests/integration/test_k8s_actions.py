@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions import drain as drain_mod
+from healer.actions.apiretry import READ_ATTEMPTS
 from healer.actions.base import (
     DrainOptions,
     DrainReport,
@@ -213,7 +214,7 @@ class TestQuarantine:
         assert missing.value.status == 404
         assert isinstance(missing.value.__cause__, ApiException)
         emulator.add(node(NODE))
-        emulator.inject_error("GET", rf"/api/v1/nodes/{NODE}$", 503)
+        emulator.inject_error("GET", rf"/api/v1/nodes/{NODE}$", 503, times=READ_ATTEMPTS)  # every try
         with pytest.raises(KubernetesError) as failed:
             actions.read_node(NODE)
         assert failed.value.status == 503

@@ -14,6 +14,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer import operations
+from healer.actions.apiretry import READ_ATTEMPTS
 from healer.config import KubernetesSettings
 from healer.controller.backoff import Backoff
 from healer.model.findings import TickFindings
@@ -494,20 +495,25 @@ def test_a_quiet_tick_costs_the_same_statements_at_any_fleet_size(harness: Harne
     assert per_size[10] == per_size[300]
 
 
-def test_a_failing_node_is_backed_off_not_retried_every_tick(
+def test_a_failing_node_is_retried_next_tick_then_backed_off(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     harness.emu.load(fleet_nodes(20))
     backoff = Backoff()
-    harness.emu.inject_error("GET", r"/api/v1/nodes/gpu-00$", 503, times=2)
+    # The node's read fails, every try of it, in three passes running.
+    harness.emu.inject_error("GET", r"/api/v1/nodes/gpu-00$", 503, times=3 * READ_ATTEMPTS)
     with caplog.at_level(logging.WARNING, logger="healer.controller.backoff"):
         first = harness.remediate(tick(T0, hot("gpu-00")), backoff=backoff)
         second = harness.remediate(tick(T0 + timedelta(seconds=5), hot("gpu-00")), backoff=backoff)
         third = harness.remediate(tick(T0 + timedelta(seconds=11), hot("gpu-00")), backoff=backoff)
-        fourth = harness.remediate(tick(T0 + timedelta(seconds=60), hot("gpu-00")), backoff=backoff)
+        fourth = harness.remediate(tick(T0 + timedelta(seconds=16), hot("gpu-00")), backoff=backoff)
+        fifth = harness.remediate(tick(T0 + timedelta(seconds=30), hot("gpu-00")), backoff=backoff)
+        sixth = harness.remediate(tick(T0 + timedelta(seconds=37), hot("gpu-00")), backoff=backoff)
 
     assert [o.node for o in first.outcomes if o.error] == ["gpu-00"]
-    assert second.outcomes == []  # waiting: not read, not logged
-    assert [o.node for o in third.outcomes if o.error] == ["gpu-00"]  # retried once the delay passed
+    assert [o.node for o in second.outcomes if o.error] == ["gpu-00"]  # the next pass: no delay
+    assert third.outcomes == []  # failed twice running: waiting 10 s, not read, not logged
+    assert [o.node for o in fourth.outcomes if o.error] == ["gpu-00"]  # retried once the delay passed
+    assert fifth.outcomes == []  # then 20 s
     assert len([r for r in caplog.records if "gpu-00" in r.getMessage()]) == 1  # the same error: said once
-    assert fourth.states() == {"gpu-00": NodeState.DRAINING}
+    assert sixth.states() == {"gpu-00": NodeState.DRAINING}

@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.actions.apiretry import WRITE_ATTEMPTS
 from healer.config import KubernetesSettings
 from healer.controller import ownership
 from healer.model.findings import TickFindings
@@ -72,7 +73,8 @@ def test_an_eviction_slower_than_the_timeout_fails_that_node_only(harness: Harne
 
 def test_a_connection_error_fails_that_node_step_only(harness: Harness) -> None:
     harness.emu.load(fleet_nodes(20))
-    harness.emu.inject_delay("PATCH", r"/api/v1/nodes/gpu-04$", 3)  # the cordon patch times out
+    # the cordon patch times out, each of its tries
+    harness.emu.inject_delay("PATCH", r"/api/v1/nodes/gpu-04$", 3, times=WRITE_ATTEMPTS)
 
     result = harness.remediate(tick(T0, hot("gpu-04"), hot("gpu-05")))
 
@@ -85,8 +87,9 @@ def test_a_connection_error_fails_that_node_step_only(harness: Harness) -> None:
 
 def test_a_retried_step_records_each_effect_once(harness: Harness) -> None:
     harness.emu.load(fleet_nodes(20))
-    # The condition (a status patch) fails once: cordon and taint were done, the step was not.
-    harness.emu.inject_error("PATCH", r"/api/v1/nodes/gpu-06/status$", 500)
+    # The condition (a status patch) fails, each of its tries: cordon and taint were done, the step
+    # was not.
+    harness.emu.inject_error("PATCH", r"/api/v1/nodes/gpu-06/status$", 500, times=WRITE_ATTEMPTS)
 
     first = harness.remediate(tick(T0, hot("gpu-06")))
     assert [o.node for o in first.outcomes if o.error] == ["gpu-06"]
@@ -100,11 +103,34 @@ def test_a_retried_step_records_each_effect_once(harness: Harness) -> None:
     assert done.count(("setcondition", ActionStatus.FAILED)) == 1
 
 
+def test_a_quarantine_whose_answers_were_lost_completes_in_the_same_pass(harness: Harness) -> None:
+    harness.emu.load(fleet_nodes(20))
+    # The API server applies the cordon patch and the Event, but answers each after the 1 s timeout.
+    harness.emu.inject_delay("PATCH", r"/api/v1/nodes/gpu-03$", 2, after_write=True)
+    harness.emu.inject_delay("POST", r"/events$", 2, after_write=True)
+
+    result = harness.remediate(tick(T0, hot("gpu-03")))
+
+    assert [o.error for o in result.outcomes] == [None]
+    assert harness.state("gpu-03") == NodeState.DRAINING
+    # The patch was sent again; its resourceVersion precondition refused it (409) and the node,
+    # read again, was found done: nothing more was sent.
+    sent = [(m, p.split("?")[0]) for m, p in harness.emu.requests]
+    patches = [p for m, p in sent if m == "PATCH" and p == "/api/v1/nodes/gpu-03"]
+    assert len(patches) == 2
+    events = harness.emu.list("Event", api_version="events.k8s.io/v1")
+    about = [(e["regarding"]["name"], e["reason"]) for e in events]
+    quarantined = [e for e in about if e == ("gpu-03", "HealerQuarantined")]
+    assert len(quarantined) == 1, "the Event's retry found it created, and made no second one"
+    done = [(a.kind, a.status) for a in harness.actions_of("gpu-03")]
+    assert done.count(("cordon", ActionStatus.SUCCEEDED)) == 1
+
+
 def test_a_reason_that_changes_between_retries_is_still_one_cordon(harness: Harness) -> None:
     """Issue 24: a retried quarantine whose reason text changed (89 C, then 90 C) rewrote the reason
     annotation and recorded a second "cordon succeeded"; it is one cordon, one row."""
     harness.emu.load(fleet_nodes(20))
-    harness.emu.inject_error("PATCH", r"/api/v1/nodes/gpu-06/status$", 500)
+    harness.emu.inject_error("PATCH", r"/api/v1/nodes/gpu-06/status$", 500, times=WRITE_ATTEMPTS)
     harness.remediate(tick(T0, replace(hot("gpu-06"), value=89.0, summary="GPU 3 at 89 C")))
     harness.remediate(
         tick(T0 + timedelta(seconds=30), replace(hot("gpu-06"), value=90.0, summary="GPU 3 at 90 C"))
