@@ -16,8 +16,10 @@ Every error a user can act on is a subclass of :class:`HealerError` and carries 
     │   ├── KubernetesNotFound      404
     │   ├── KubernetesConflict      409 (resourceVersion moved on, or someone else holds the Lease)
     │   └── KubernetesTooManyRequests  429 (an eviction blocked by a PodDisruptionBudget)
-    └── TicketError                 a ticket could not be rendered or delivered
-        └── SignatureError          an inbound callback's signature is missing, wrong, stale or replayed
+    ├── TicketError                 a ticket could not be rendered or delivered
+    │   └── SignatureError          an inbound callback's signature is missing, wrong, stale or replayed
+    ├── NotLeader                   this replica no longer leads: the step in hand is abandoned
+    └── StaleState                  a node's recorded state moved on since the step was decided
 """
 
 from __future__ import annotations
