@@ -153,7 +153,8 @@ class Validation:
 
 @dataclass(frozen=True)
 class Reload:
-    """What a reload gives the controller (``healer.rules_holder``): the set to run now and, if the files were bad, why.
+    """What a reload gives the controller (``healer.rules_holder``): the set to run now and, if the
+    files were bad, why.
 
     ``ruleset`` is the new set when the files are valid, else the ``previous`` one unchanged.
     """
