@@ -57,7 +57,8 @@ RULESET = RuleSet(
 
 
 def make_settings(**api: object) -> Settings:
-    """Settings for tests: an operator and a viewer token, a fixed CSRF secret, no Prometheus."""
+    """Settings for tests: an operator and a viewer token, a fixed CSRF secret, no Prometheus, and
+    anonymous requests read-only (``anonymous_role: viewer``; the default is ``none``)."""
     return load_settings(
         prometheus={"url": "http://127.0.0.1:9", "timeout_seconds": 1.0},
         api={
@@ -66,6 +67,7 @@ def make_settings(**api: object) -> Settings:
                 {"token": VIEWER_TOKEN, "user": "victor", "role": "viewer"},
             ],
             "csrf_secret": CSRF_SECRET,
+            "anonymous_role": "viewer",
             **api,
         },
     )
@@ -350,7 +352,11 @@ def seed_parts(factory: sessionmaker[Session], *, now: datetime = NOW) -> None:
 
 
 def build_app(factory: sessionmaker[Session], settings: Settings | None = None, **kwargs: object) -> FastAPI:
-    """The app under test with a fixed clock and the test rule set."""
+    """The app under test with a fixed clock and the test rule set; anonymous requests read-only
+    (``anonymous_role: viewer``) unless ``settings`` chose a role."""
+    if settings is not None and "anonymous_role" not in settings.api.model_fields_set:
+        api = settings.api.model_copy(update={"anonymous_role": "viewer"})
+        settings = settings.model_copy(update={"api": api})
     kwargs.setdefault("clock", lambda: NOW)
     kwargs.setdefault("ruleset_provider", lambda: RULESET)
     return dashboard(settings or make_settings(), factory, **kwargs)  # type: ignore[arg-type]
