@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,16 +17,16 @@ from healer.metrics import HealerMetrics
 from healer.sources.prometheus_range import PrometheusRange, node_selector_expr
 from healer.store import nodes as repo
 from healer.store.session import make_engine, make_sessionmaker
-from tests.conftest import REPO
 from tests.integration.test_api_support import (
     NOW,
     build_app,
     dcgm_exporter,
+    healer_serve,
     http_client,
     make_settings,
     seed,
 )
-from tests.services import ScrapeTarget, free_port, prometheus_server, wait_until
+from tests.services import ScrapeTarget, prometheus_server
 
 
 class TestProbes:
@@ -189,32 +187,19 @@ def test_rules_without_a_rule_set_come_from_recorded_evaluations(
 
 
 def test_healer_serve_runs_the_dashboard_standalone(migrated_sqlite_url: str) -> None:
-    url = migrated_sqlite_url
-    port = free_port()
-    env = {**os.environ, "HEALER_DATABASE__URL": url, "HEALER_API__ANONYMOUS_ROLE": "viewer"}
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from healer.cli import app; app()", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(f"{base}/healthz", timeout=1).status_code == 200, timeout=60)
-        rules = httpx.get(f"{base}/api/v1/rules", timeout=10).json()
+    with healer_serve(migrated_sqlite_url, output=subprocess.PIPE) as served:
+        rules = httpx.get(f"{served.url}/api/v1/rules", timeout=10).json()
         assert rules["loaded"] is True and len(rules["rules"]) > 5  # the default pack from rules/
-        ready = httpx.get(f"{base}/readyz", timeout=10)
+        ready = httpx.get(f"{served.url}/readyz", timeout=10)
         assert (ready.status_code, ready.json()["reasons"]) == (200, [])
         assert ready.json()["controller"]["reasons"] == ["no tick recorded yet"]
-    finally:
-        process.terminate()
-        out, err = process.communicate(timeout=20)
-    assert process.returncode == 0, err.decode()  # a clean stop on SIGTERM, as healer run
+        served.process.terminate()
+        out, err = served.process.communicate(timeout=20)
+    assert served.process.returncode == 0, err.decode()  # a clean stop on SIGTERM, as healer run
     # Logs are JSON lines on stderr, as healer run writes them; nothing on stdout.
     assert out == b""
     lines = [json.loads(line) for line in err.decode().splitlines()]
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines), lines
     messages = [line["message"] for line in lines]
-    assert f"dashboard on http://127.0.0.1:{port}/ (no controller in this process)" in messages
+    assert f"dashboard on {served.url}/ (no controller in this process)" in messages
     assert "Application shutdown complete." in messages

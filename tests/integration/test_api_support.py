@@ -9,7 +9,10 @@ evaluations; a rejected rule reload; dry-run and refused actions.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Finding, Gpu, OutboxMessage, RuleEvaluation, Ticket
 from healer.wiring import dashboard
+from tests.conftest import REPO
 from tests.services import free_port, text_exporter, wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -379,6 +383,43 @@ def serve(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+@dataclass
+class Served:
+    """A ``healer serve`` process (:func:`healer_serve`) and its base URL."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+
+
+@contextlib.contextmanager
+def healer_serve(database_url: str, *, output: int = subprocess.DEVNULL, **env: str) -> Iterator[Served]:
+    """``healer serve`` in a process of its own on a free loopback port over ``database_url``:
+    none of the caller's ``HEALER_`` settings, anonymous requests read-only, ``env`` added. Yields
+    once ``/healthz`` answers; stops it (SIGTERM) on exit unless the caller already did."""
+    port = free_port()
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HEALER_")},
+        "HEALER_DATABASE__URL": database_url,
+        "HEALER_API__ANONYMOUS_ROLE": "viewer",
+        **env,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "healer", "serve", "--port", str(port)],
+        cwd=REPO,
+        env=environment,
+        stdout=output,
+        stderr=output,
+    )
+    served = Served(process, f"http://127.0.0.1:{port}")
+    try:
+        wait_until(lambda: httpx.get(f"{served.url}/healthz", timeout=1).status_code == 200, timeout=60)
+        yield served
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.communicate(timeout=30)
 
 
 @contextlib.contextmanager

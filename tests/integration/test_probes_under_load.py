@@ -9,7 +9,6 @@ bound on the requests handled at once (``api.limits``), the probes waited behind
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -22,9 +21,8 @@ import httpx
 from healer.model.states import NodeState
 from healer.store import nodes as repo
 from healer.store.session import make_engine, make_sessionmaker
-from tests.conftest import REPO
-from tests.integration.test_api_support import NOW, seed
-from tests.services import free_port, wait_until
+from tests.integration.test_api_support import NOW, healer_serve, seed
+from tests.services import free_port
 
 #: Fleet-page requests in the burst, and how many are in flight at once.
 PAGES, CONNECTIONS = 128, 32
@@ -93,29 +91,12 @@ def test_healthz_answers_within_100_ms_under_a_storm_of_fleet_pages(
     migrated_sqlite_url: str, tmp_path: Path
 ) -> None:
     _seed_fleet(migrated_sqlite_url)
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("HEALER_")},
-        "HEALER_DATABASE__URL": migrated_sqlite_url,
-        "HEALER_API__ANONYMOUS_ROLE": "viewer",
-        "HEALER_PROMETHEUS__URL": f"http://127.0.0.1:{free_port()}",  # nothing listens there
-    }
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "healer", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(f"{base}/healthz", timeout=1).status_code == 200, timeout=60)
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with healer_serve(migrated_sqlite_url, HEALER_PROMETHEUS__URL=closed) as served:
+        port = int(served.url.rsplit(":", 1)[1])
         quiet = _probe(port, tmp_path / "quiet", lambda: time.sleep(BASELINE_SECONDS))
         statuses: list[int] = []
-        storm = _probe(port, tmp_path / "storm", lambda: statuses.extend(asyncio.run(_storm(base))))
-    finally:
-        serve.terminate()
-        serve.wait(timeout=30)
+        storm = _probe(port, tmp_path / "storm", lambda: statuses.extend(asyncio.run(_storm(served.url))))
     assert statuses == [200] * PAGES
     assert len(storm) >= 10, f"the storm was over before the probes could measure it: {storm}"
     # The storm adds less than 100 ms to nine probes in ten (a loaded test machine delays some
