@@ -25,7 +25,7 @@ from api.auth import SESSION_MAX_AGE_SECONDS, Auth, CsrfCookieMiddleware
 from api.charts import ChartGate
 from api.errors import install_error_handlers
 from api.headers import SecurityHeadersMiddleware
-from api.limits import BodyLimitMiddleware
+from api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from api.rendering import STATIC_DIR
 from api.routes import api_v1, backtest, docs, ops, pages, ticket_callbacks
 from api.sessions import RevokedSessions
@@ -51,6 +51,7 @@ def create_app(
     metrics: HealerMetrics,
     ruleset_provider: Callable[[], RuleSet | None] | None = None,
     leader_provider: Callable[[], bool] | None = None,
+    controller_in_process: bool = False,
 ) -> FastAPI:
     """Build the dashboard and API app.
 
@@ -65,6 +66,8 @@ def create_app(
         ruleset_provider: returns the rule set in force (None: rules are then listed from recent
             evaluations).
         leader_provider: returns whether this process holds the leader Lease (shown by ``/readyz``).
+        controller_in_process: a controller runs in this process (``healer run``): ``/readyz``
+            fails when its ticks stop; otherwise it only shows them.
 
     The app keeps them on ``app.state`` (``settings``, ``session_factory``, ``clock``, ...).
     """
@@ -82,6 +85,7 @@ def create_app(
     app.state.clock = clock
     app.state.ruleset_provider = ruleset_provider
     app.state.leader_provider = leader_provider
+    app.state.controller_in_process = controller_in_process
     app.state.metrics = metrics
     app.state.metrics.register_database(session_factory)
     app.state.auth = Auth(
@@ -97,6 +101,7 @@ def create_app(
     install_error_handlers(app)
     app.add_middleware(CsrfCookieMiddleware, auth=app.state.auth)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(ConcurrencyLimitMiddleware)  # pages queue; the probes do not
     app.add_middleware(SecurityHeadersMiddleware)  # outermost: every response, refusals included
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(ops.router)

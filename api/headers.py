@@ -1,7 +1,8 @@
 """Security headers on every response (pure ASGI, so errors, static files and 413s get them too).
 
-- ``Content-Security-Policy``: only this origin's styles and images, no scripts at all (the pages
-  work without JavaScript), no framing (``frame-ancestors 'none'``), forms post back here only.
+- ``Content-Security-Policy``: only this origin's scripts (``static/fleet.js``, which refreshes the
+  fleet page; no inline script, and the pages work without JavaScript), styles and images, no
+  framing (``frame-ancestors 'none'``), forms post back here only.
   Inline ``style`` attributes are allowed for the chart legend's colour swatches.
 - ``X-Frame-Options: DENY`` for browsers without ``frame-ancestors``.
 - ``X-Content-Type-Options: nosniff``; ``Referrer-Policy: no-referrer`` (node names stay home).

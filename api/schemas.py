@@ -330,6 +330,18 @@ class OperationOut(BaseModel):
     ticket: TicketOut | None = None
 
 
+class ControllerOut(BaseModel):
+    """The controller's state as ``/readyz`` sees it in the database (ticks are recorded by whichever
+    replica leads): ``ok`` when a tick finished within three default intervals and Prometheus has
+    not been failing for longer than its grace, else ``reasons``. ``in_process``: a controller runs
+    in this process (``healer run``), so its state counts towards readiness; ``healer serve`` shows
+    it without failing."""
+
+    in_process: bool
+    ok: bool
+    reasons: list[str]
+
+
 class ReadyOut(BaseModel):
     ready: bool
     reasons: list[str]
@@ -338,3 +350,4 @@ class ReadyOut(BaseModel):
     last_tick_age_seconds: float | None
     leader: bool | None
     source: SourceOut | None = None
+    controller: ControllerOut

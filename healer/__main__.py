@@ -1,5 +1,5 @@
 """``python -m healer``: the same as the ``healer`` command."""
 
-from healer.cli import app
+from healer.cli import main
 
-app()
+main()

@@ -494,7 +494,7 @@ class ApiSettings(_Group):
     proxy_groups_header: str | None = Field(None, description="e.g. X-Forwarded-Groups (comma separated).")
     operator_groups: list[str] = Field(default_factory=list, description="Proxy groups granted operator.")
     anonymous_role: Literal["none", "viewer", "operator"] = Field(
-        "viewer", description="Role of requests with no token and no proxy identity."
+        "none", description="Role of requests with no token and no proxy identity (none: refused)."
     )
     csrf_secret: str | None = Field(None, description="Unset = a random secret per process.")
     max_body_bytes: int = Field(

@@ -10,9 +10,10 @@
         → record_reports + record_changes                      (one transaction)
         → DetectionResult(findings for the lifecycle, state for the next tick, ...)
 
-Used by ``healer evaluate --once`` and by the controller's tick (``healer.runner``). Once the
-tick's deadline has passed, the remaining rules are not queried: they are reported unavailable
-and keep their state, like any rule whose query failed.
+Used by ``healer evaluate --once`` and by the controller's tick
+(``healer.controller.scheduler.Controller.tick``). Once the tick's deadline has passed, the
+remaining rules are not queried: they are reported unavailable and keep their state, like any rule
+whose query failed.
 
 Queries run on a small thread pool (``concurrency``, default 4): the tick costs about its slowest
 queries rather than their sum, while the source never sees more than ``concurrency`` queries of

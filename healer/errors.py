@@ -12,12 +12,15 @@ Every error a user can act on is a subclass of :class:`HealerError` and carries 
     ├── SourceError                 a metrics query failed
     │   ├── QueryError              Prometheus refused the PromQL (bad_data): the rule is broken
     │   └── SourceUnavailable       timeout, 5xx, transport error, non-JSON answer: retry later
+    │       └── BinaryNotFound      a program healer starts (promtool, Prometheus) is not installed
     ├── KubernetesError             a Kubernetes API call failed (wraps ApiException as __cause__)
     │   ├── KubernetesNotFound      404
     │   ├── KubernetesConflict      409 (resourceVersion moved on, or someone else holds the Lease)
     │   └── KubernetesTooManyRequests  429 (an eviction blocked by a PodDisruptionBudget)
-    └── TicketError                 a ticket could not be rendered or delivered
-        └── SignatureError          an inbound callback's signature is missing, wrong, stale or replayed
+    ├── TicketError                 a ticket could not be rendered or delivered
+    │   └── SignatureError          an inbound callback's signature is missing, wrong, stale or replayed
+    ├── NotLeader                   this replica no longer leads: the step in hand is abandoned
+    └── StaleState                  a node's recorded state moved on since the step was decided
 """
 
 from __future__ import annotations
@@ -56,6 +59,16 @@ class QueryError(SourceError):
 
 class SourceUnavailable(SourceError):
     """The source could not answer now (timeout, 5xx, transport error, non-JSON body)."""
+
+
+class BinaryNotFound(SourceUnavailable):
+    """A program healer (or its development tooling) starts is not installed: ``name``, and the
+    Debian/Ubuntu ``package`` that installs it."""
+
+    def __init__(self, name: str, *, package: str, where: str = "PATH") -> None:
+        self.name = name
+        self.package = package
+        super().__init__(f"{name} not found on {where} (Debian/Ubuntu package '{package}')")
 
 
 class KubernetesError(HealerError):

@@ -198,11 +198,13 @@ def dashboard(
     metrics: HealerMetrics | None = None,
     prometheus: PrometheusRange | None = None,
     history: PrometheusRange | None = None,
+    controller_in_process: bool = False,
 ) -> FastAPI:
     """The dashboard and API app, with its chart source (unless given: range queries on
     ``settings.prometheus``, each at most :data:`CHART_TIMEOUT_SECONDS`), its history source for
     the Rules page's backtest (unless given: range queries on ``settings.prometheus`` with its own
-    ``timeout_seconds``) and a metrics registry (a fresh one unless given)."""
+    ``timeout_seconds``) and a metrics registry (a fresh one unless given).
+    ``controller_in_process``: ``healer run`` (its readiness follows the controller's ticks)."""
     from api.app import create_app
     from healer.metrics import HealerMetrics
     from healer.sources.prometheus_range import PrometheusRange
@@ -226,6 +228,7 @@ def dashboard(
         metrics=metrics or HealerMetrics(),
         ruleset_provider=ruleset_provider,
         leader_provider=leader_provider,
+        controller_in_process=controller_in_process,
     )
 
 
@@ -379,5 +382,6 @@ def build_process(
         ruleset_provider=lambda: rules.ruleset,
         leader_provider=controller.is_leader,
         metrics=metrics,
+        controller_in_process=True,
     )
     return Process(controller=controller, app=app)

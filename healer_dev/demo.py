@@ -46,6 +46,14 @@ from healer_dev.simulator.server import ElapsedClock, SimulatorServer
 from healer_dev.simulator.sysfs import real_node_exporters
 
 DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
+#: The default rule pack of this source tree (``rules/`` beside ``healer_dev/``), so the demo runs
+#: from any working directory.
+DEMO_RULES = Path(__file__).resolve().parents[1] / "rules"
+
+
+def demo_rules_paths() -> list[Path]:
+    """The rule files the demo runs: the source tree's pack, else the ``rules_paths`` default."""
+    return [DEMO_RULES] if DEMO_RULES.is_dir() else [Path("rules")]
 
 
 _RANGE = re.compile(r"\[(\d+)([mh])\]")
@@ -95,15 +103,21 @@ class DemoSummary:
     returned: int = 0  # nodes healer put back into service after repair and validation
     #: Nodes healer quarantined during the demo and that are not healthy again yet.
     still_out: list[str] = field(default_factory=list)
+    #: Nodes returned to service (validating -> healthy) during the demo.
+    returned_nodes: frozenset[str] = frozenset()
+    #: Nodes the scenario faults (:meth:`Scenario.faulted_nodes`): the story ends when all are back.
+    faulted: frozenset[str] = frozenset()
 
     def unfinished(self) -> str | None:
-        """What the story's end state (every faulted node back in service) still lacks; None when
-        it was reached."""
+        """What the story's end state (every faulted node taken out and back in service) still
+        lacks; None when it was reached."""
         if self.still_out:
             shown = ", ".join(self.still_out[:5]) + (" ..." if len(self.still_out) > 5 else "")
             return f"{len(self.still_out)} faulted node(s) not returned to service: {shown}"
         if not self.returned:
             return "no node was quarantined and returned to service"
+        if waiting := sorted(self.faulted - self.returned_nodes):
+            return f"{len(waiting)} faulted node(s) not taken out and returned yet: {', '.join(waiting)}"
         return None
 
     def line(self) -> str:
@@ -141,15 +155,27 @@ def new_steps(session: Session, after: int) -> tuple[list[str], int]:
     return lines, (rows[-1][0] if rows else after)
 
 
-def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: str) -> DemoSummary:
+def summarize(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    dashboard: str,
+    *,
+    faulted: frozenset[str] = frozenset(),
+) -> DemoSummary:
+    """Nodes per state, tickets per status, and how far the story is (``faulted``: the nodes it
+    must take out and return)."""
     with sessions() as session:
         states = {k: v for k, v in session.execute(select(Node.state, func.count()).group_by(Node.state))}
         tickets = {
             k: v for k, v in session.execute(select(Ticket.status, func.count()).group_by(Ticket.status))
         }
-        returned = session.scalar(
-            select(func.count(func.distinct(Transition.node_id))).where(
-                Transition.from_state == NodeState.VALIDATING, Transition.to_state == NodeState.HEALTHY
+        returned_nodes = frozenset(
+            session.scalars(
+                select(Node.name)
+                .join(Transition, Transition.node_id == Node.id)
+                .where(Transition.from_state == NodeState.VALIDATING)
+                .where(Transition.to_state == NodeState.HEALTHY)
+                .distinct()
             )
         )
         quarantined = select(Transition.node_id).where(Transition.to_state == NodeState.QUARANTINED)
@@ -161,7 +187,13 @@ def summarize(settings: Settings, sessions: sessionmaker[Session], dashboard: st
             )
         )
     return DemoSummary(
-        states=states, tickets=tickets, dashboard=dashboard, returned=returned or 0, still_out=still_out
+        states=states,
+        tickets=tickets,
+        dashboard=dashboard,
+        returned=len(returned_nodes),
+        still_out=still_out,
+        returned_nodes=returned_nodes,
+        faulted=faulted,
     )
 
 
@@ -248,7 +280,8 @@ def demo_environment(
             workdir=workdir / "prometheus",
         ) as prometheus:
             settings = load_settings(
-                database={"url": database_url or f"sqlite:///{workdir / 'healer.db'}"},
+                rules_paths=demo_rules_paths(),
+                database={"url": database_url or f"sqlite:///{(workdir / 'healer.db').absolute()}"},
                 prometheus={"url": prometheus.url, "timeout_seconds": 5, "tick_deadline_seconds": 4},
                 kubernetes={
                     "kubeconfig": kubeconfig,
@@ -396,7 +429,9 @@ def run_demo(
     report_every: float = 15.0,
     real_node_exporter: bool = True,
 ) -> DemoSummary:
-    """Run the demo until ``duration`` seconds have passed (None: until Ctrl-C); print progress."""
+    """Run the demo, printing progress, until Ctrl-C; with ``duration``, until the story is over
+    (every node the scenario faults is back in service) or ``duration`` seconds have passed."""
+    faulted = load_scenario(DEMO_SCENARIO).faulted_nodes()
     port = port or free_port()
     with socket.socket() as probe:
         try:
@@ -434,12 +469,20 @@ def run_demo(
                     steps, last_step = new_steps(session, last_step)
                 for step in steps:
                     print(f"[{time.monotonic() - started:5.0f}s] {step}", flush=True)
+                if (
+                    duration is not None
+                    and steps
+                    and summarize(settings, sessions, dashboard, faulted=faulted).unfinished() is None
+                ):
+                    elapsed = time.monotonic() - started
+                    print(f"[{elapsed:5.0f}s] the story is over: every faulted node is back in service")
+                    break
                 if time.monotonic() >= next_report:
                     line = summarize(settings, sessions, dashboard).line()
                     print(f"[{time.monotonic() - started:5.0f}s] {line}", flush=True)
                     next_report += report_every
         except KeyboardInterrupt:
             print("stopping ...")
-        summary = summarize(settings, sessions, dashboard)
+        summary = summarize(settings, sessions, dashboard, faulted=faulted)
         print(f"final: {summary.line()}", flush=True)
         return summary

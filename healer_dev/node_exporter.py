@@ -19,10 +19,8 @@ from typing import IO
 
 import httpx
 
+from healer.errors import BinaryNotFound
 from healer_dev.prometheus import free_port, stop_process
-
-#: Why node_exporter cannot be used, in one line, for the demo's fallback notice.
-MISSING = "node_exporter not found (Debian package prometheus-node-exporter)"
 
 
 def binary() -> str | None:
@@ -87,12 +85,13 @@ def run_node_exporters(sysfs_roots: Sequence[Path], *, host: str = "127.0.0.1") 
     replaced, up to 3 times). Stops every process on exit.
 
     Raises:
-        RuntimeError: node_exporter is not installed, or one exited before answering (its log).
+        BinaryNotFound: node_exporter is not installed.
+        RuntimeError: one exited before answering (its log).
         TimeoutError: one did not answer within 15 s.
     """
     found = binary()
     if found is None:
-        raise RuntimeError(MISSING)
+        raise BinaryNotFound("prometheus-node-exporter", package="prometheus-node-exporter")
     taken: set[int] = set()
     started: list[_Started] = []
     try:

@@ -6,10 +6,7 @@ cd "$(dirname "$0")/.."
 
 if ! command -v prometheus >/dev/null 2>&1; then
   echo "healer demo: installing Prometheus from the distribution's package ..."
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  if ! command -v apt-get >/dev/null 2>&1 \
-     || ! { $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 \
-            || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }; }; then
+  if ! command -v apt-get >/dev/null 2>&1 || ! bash scripts/apt-install.sh prometheus; then
     echo "healer demo: could not install Prometheus; install it (Debian/Ubuntu: apt-get install prometheus)" \
          "or put a prometheus binary on PATH, then run this again" >&2
     exit 1
@@ -21,8 +18,7 @@ fi
 if ! command -v prometheus-node-exporter >/dev/null 2>&1 && ! command -v node_exporter >/dev/null 2>&1 \
    && command -v apt-get >/dev/null 2>&1; then
   echo "healer demo: installing prometheus-node-exporter (optional) ..."
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get install -y -q prometheus-node-exporter >/dev/null 2>&1 || true
+  bash scripts/apt-install.sh prometheus-node-exporter 2>/dev/null || true
 fi
 
 if [ ! -x .venv/bin/healer ]; then

@@ -1,5 +1,9 @@
 """Shared fixtures: real PostgreSQL (one server per session) and databases on both backends; a real
-VictoriaMetrics (one per session); a real Kubernetes control plane (one per session, when built)."""
+VictoriaMetrics (one per session); a real Kubernetes control plane (one per session, when built).
+
+A service missing here skips the tests that need it, one line per service in the summary
+(``tests/service_skips.py``); ``.ci/run`` installs them all and sets ``HEALER_REQUIRE_SERVICES=1``
+and ``HEALER_REQUIRE_KUBE=1`` so a missing one fails instead."""
 
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ from tests.services import (
     shared_victoria_metrics,
     shared_vmalert,
 )
+
+pytest_plugins = ["tests.service_skips"]  # a missing service skips (fails in CI), one line each
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -2,7 +2,9 @@
 and vmalert evaluating rules against that VictoriaMetrics.
 
 Started by fixtures in ``tests/conftest.py``; nothing here is mocked. Binaries come from Debian's
-packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``), which ``.ci/run`` installs.
+packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``), which ``.ci/run`` installs; a
+missing one raises :class:`~healer.errors.BinaryNotFound`, which skips the tests that need it
+(``tests/service_skips.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from healer.errors import BinaryNotFound
 from healer_dev.prometheus import (
     PrometheusServer,
     ScrapeTarget,
@@ -54,13 +57,14 @@ __all__ = [
 
 # --- PostgreSQL -------------------------------------------------------------------------------
 
+PG_CTL = "/usr/lib/postgresql/*/bin/pg_ctl"
+
 
 def _pg_bindir() -> Path:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+    """Where Debian keeps the newest PostgreSQL server's binaries; raises BinaryNotFound."""
+    found = sorted(glob.glob(PG_CTL))
     if not found:
-        raise RuntimeError(
-            "PostgreSQL server binaries not found under /usr/lib/postgresql (install postgresql)"
-        )
+        raise BinaryNotFound("pg_ctl", package="postgresql", where=PG_CTL)
     return Path(found[-1]).parent
 
 

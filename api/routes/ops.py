@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from api import queries
-from api.schemas import LastTick, ReadyOut, SourceOut
+from api.schemas import ControllerOut, LastTick, ReadyOut, SourceOut
 from healer.metrics import HealerMetrics
 
 router = APIRouter(tags=["ops"])
@@ -36,9 +36,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut}}, summary="Ready")
 async def readyz(request: Request) -> Response:
-    """200 when the database answers, a tick (by any replica) finished within three default
-    intervals, and Prometheus has not been failing for longer than
-    ``prometheus.unavailable_grace_seconds``; 503 with the reasons otherwise.
+    """200 when this process can serve: the database answers and, where a controller runs in this
+    process (``healer run``), a tick (by any replica) finished within three default intervals and
+    Prometheus has not been failing for longer than ``prometheus.unavailable_grace_seconds``; 503
+    with the reasons otherwise. ``controller`` shows the controller's state either way: the
+    dashboard alone (``healer serve``) is not unready because no controller runs beside it.
 
     Leadership is reported but does not make a replica unready: the standby must stay in the
     Service (it serves the dashboard) and in rollouts (an unready standby would stall them).
@@ -46,6 +48,7 @@ async def readyz(request: Request) -> Response:
     state = request.app.state
     now = state.clock()
     reasons: list[str] = []
+    controller: list[str] = []
     database = True
     tick = None
     source = None
@@ -73,14 +76,17 @@ async def readyz(request: Request) -> Response:
         reasons.append(f"database did not answer within {READY_DB_TIMEOUT_SECONDS:g}s")
     limit = STALE_TICKS * state.settings.scheduler.default_interval_seconds
     if database and tick is None:
-        reasons.append("no tick recorded yet")
+        controller.append("no tick recorded yet")
     elif tick is not None and tick.age_seconds > limit:
-        reasons.append(f"last tick {tick.age_seconds:.0f}s ago (limit {limit:.0f}s)")
+        controller.append(f"last tick {tick.age_seconds:.0f}s ago (limit {limit:.0f}s)")
     if source is not None and source.unready:
-        reasons.append(
+        controller.append(
             f"prometheus cannot be queried for {source.failing_seconds:.0f}s "
             f"(grace {grace:.0f}s): {source.reason}"
         )
+    in_process: bool = state.controller_in_process
+    if in_process:
+        reasons += controller
     leader = state.leader_provider() if state.leader_provider is not None else None
     body = ReadyOut(
         ready=not reasons,
@@ -90,6 +96,7 @@ async def readyz(request: Request) -> Response:
         last_tick_age_seconds=tick.age_seconds if tick else None,
         leader=leader,
         source=source,
+        controller=ControllerOut(in_process=in_process, ok=database and not controller, reasons=controller),
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 

@@ -23,6 +23,6 @@ the features it uses when it runs, and builds them through the composition root
 (:mod:`healer.wiring`). No feature package imports this one.
 """
 
-from healer.cli.root import app
+from healer.cli.root import app, main
 
-__all__ = ["app"]
+__all__ = ["app", "main"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import getpass
 import importlib
 import os
+from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -35,6 +37,32 @@ def settings_from(ctx: typer.Context, **overrides: object) -> Settings:
     except ConfigError as exc:
         typer.echo(f"error: invalid settings\n{exc}", err=True)
         raise typer.Exit(2) from exc
+
+
+#: How to point healer at rule files elsewhere than the rules_paths default (``./rules``).
+RULES_PATHS_HINT = (
+    "set rules_paths in a --config file or HEALER_RULES_PATHS='[\"/etc/healer/rules\"]' "
+    "(a JSON list of files or directories)"
+)
+
+
+def require_rule_paths(paths: Sequence[Path], *, given: bool, usage: str = "") -> None:
+    """Exit 1 when a rule path does not exist, saying which path was looked for (and where) and,
+    for the ``rules_paths`` setting (``given`` False), how to set it; ``usage`` adds another way
+    (e.g. the command's PATH arguments)."""
+    missing = [p for p in paths if not p.exists()]
+    if not missing:
+        return
+    for path in missing:
+        looked = [] if path.is_absolute() else [f"looked for {path.absolute()}"]
+        if not given:
+            looked.append("the rules_paths setting")
+        where = f" ({', '.join(looked)})" if looked else ""
+        typer.echo(f"error: {path}: no such file or directory{where}", err=True)
+    if not given:
+        ways = f"{usage}, or {RULES_PATHS_HINT}" if usage else RULES_PATHS_HINT
+        typer.echo(f"to read rule files elsewhere, {ways}", err=True)
+    raise typer.Exit(1)
 
 
 def store_sessions(ctx: typer.Context, settings: Settings | None = None) -> sessionmaker[Session]:

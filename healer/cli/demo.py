@@ -12,7 +12,11 @@ from healer.cli.context import dev_tooling
 
 def demo(
     duration: Annotated[
-        float | None, typer.Option(help="Stop after this many seconds (default: Ctrl-C).")
+        float | None,
+        typer.Option(
+            help="End once every faulted node is back in service, or after this many seconds "
+            "(exit 1: the story did not finish). Default: run until Ctrl-C."
+        ),
     ] = None,
     headless: Annotated[
         bool, typer.Option(help="No prompts; progress lines only (for scripts and CI).")
@@ -37,8 +41,9 @@ def demo(
     ] = True,
 ) -> None:
     """Run healer on a simulated 64-node GPU fleet with real Prometheus: watch it quarantine, drain,
-    ticket and return nodes in the dashboard. With --duration, exit 1 unless every node it took out
-    was back in service by then."""
+    ticket and return nodes in the dashboard. Runs from any directory (the source tree's rules/;
+    --workdir is relative to where it starts). With --duration it ends, exit 0, once every node the
+    scenario faults is back in service, and exits 1 if that has not happened within it."""
     from healer.logs import configure_logging
 
     demo_module = dev_tooling("demo", command="demo")

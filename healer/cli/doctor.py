@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from healer.cli.context import settings_from
-from healer.cli.output import Output, OutputOption, emit
+from healer.cli.context import require_rule_paths, settings_from
+from healer.cli.output import Output, OutputOption, emit, table_width
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def exporters(
         settings = settings.model_copy(
             update={"prometheus": settings.prometheus.model_copy(update={"url": prometheus})}
         )
+    require_rule_paths(settings.rules_paths, given=False)
     try:
         ruleset = load_ruleset(settings.rules_paths)
     except RuleError as exc:
@@ -88,6 +89,11 @@ def exporters(
             answer = source.query(presence_query([r.expr for r in ruleset.rules]), at=wiring.utc_now())
     except SourceError as exc:
         typer.echo(f"error: Prometheus could not be queried: {exc}", err=True)
+        typer.echo(
+            f"healer asked {redact_url(settings.prometheus.url)}; point it at your Prometheus with "
+            "--prometheus URL, or HEALER_PROMETHEUS__URL (prometheus.url in a --config file)",
+            err=True,
+        )
         raise typer.Exit(1) from exc
     present = {s.labels.get("__name__", "") for s in answer.samples}
     checks = [check_rule(r.name, r.expr, present) for r in ruleset.rules]
@@ -110,7 +116,7 @@ def exporters(
                 where = _where(i, lines)
                 table.append([rule, str(i), needed, where[0]])
                 table += [["", "", "", more] for more in where[1:]]
-            typer.echo(columns(table))
+            typer.echo(columns(table, width=table_width(output)))
             typer.echo("")
         if blind:
             typer.echo(

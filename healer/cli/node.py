@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from healer.cli.context import operator_name, store_sessions
-from healer.cli.output import JsonAlias, Output, OutputOption, chosen, emit, iso
+from healer.cli.output import JsonAlias, Output, OutputOption, chosen, emit, iso, table_width
 from healer.cli.tables import columns
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Nodes healer remediates.")
@@ -95,4 +95,4 @@ def list_nodes(
         rule = str(r["rule"] or "-") + (f"  ({r['blocked']})" if r["blocked"] else "")
         cells = [r["node"], r["state"], r["since"] or "-", r["pool"], r["incident"] or "-"]
         table.append([*(str(c) for c in cells), rule])
-    typer.echo(columns(table))
+    typer.echo(columns(table, width=table_width(chosen(output, as_json=as_json))))

@@ -1,5 +1,6 @@
-"""The CLI's one output convention: ``-o table|json|yaml`` on every listing command, times in ISO
-8601 UTC.
+"""The CLI's one output convention: ``-o table|wide|json|yaml`` on every listing command, times in
+ISO 8601 UTC. ``table`` on a terminal cuts its lines to the terminal's width (``…`` ends a cut
+line); ``wide``, and any table written to a pipe or file, keeps whole lines.
 
 ``--json`` (and ``--format`` where it existed) stay as hidden, deprecated aliases of ``-o json``
 (``-o FORMAT``). Imports only typer and the standard library at module level.
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import sys
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
@@ -17,15 +20,23 @@ import typer
 
 
 class Output(StrEnum):
-    """How a listing command prints: an aligned table, JSON (one document), or YAML."""
+    """How a listing command prints: an aligned table (cut to a terminal's width, or whole lines:
+    ``wide``), JSON (one document), or YAML."""
 
     TABLE = "table"
+    WIDE = "wide"
     JSON = "json"
     YAML = "yaml"
 
 
 OutputOption = Annotated[
-    Output, typer.Option("--output", "-o", help="table, json or yaml.", case_sensitive=False)
+    Output,
+    typer.Option(
+        "--output",
+        "-o",
+        help="table (cut to the terminal's width), wide (whole lines), json or yaml.",
+        case_sensitive=False,
+    ),
 ]
 JsonAlias = Annotated[bool, typer.Option("--json", hidden=True, help="Deprecated: -o json.")]
 FormatAlias = Annotated[
@@ -38,6 +49,14 @@ def chosen(output: Output, *, as_json: bool = False, format_alias: Output | None
     if as_json:
         return Output.JSON
     return format_alias or output
+
+
+def table_width(output: Output) -> int | None:
+    """The width to cut table lines to: the terminal's for ``-o table`` on a terminal; None (whole
+    lines) for ``-o wide`` or when stdout is a pipe or a file."""
+    if output is not Output.TABLE or not sys.stdout.isatty():
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def iso(value: datetime | str | None) -> str | None:
@@ -54,8 +73,8 @@ def iso(value: datetime | str | None) -> str | None:
 
 
 def emit(document: Any, output: Output) -> bool:
-    """Print ``document`` as JSON or YAML and return True; return False for ``table`` (the
-    caller prints its table)."""
+    """Print ``document`` as JSON or YAML and return True; return False for ``table`` and ``wide``
+    (the caller prints its table, :func:`table_width` wide)."""
     if output is Output.JSON:
         typer.echo(json.dumps(document, indent=2, default=str))
         return True

@@ -2,12 +2,17 @@
 
 Settings are built once per invocation from ``--config`` and the environment and handed to the
 commands through ``typer.Context.obj`` (see :func:`healer.cli.context.settings_from`).
+:func:`main` is the installed ``healer`` command: the app, and exit 0 when the reader of its output
+went away (``healer rules show | head -1``), as kubectl and promtool do.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated, Any
 
 import typer
 
@@ -31,7 +36,8 @@ from healer.cli import (
 )
 
 EPILOG = (
-    "Listing commands take -o table|json|yaml; times are ISO 8601 UTC (2026-12-01T14:05:00Z).\n\n"
+    "Listing commands take -o table|wide|json|yaml (a table is cut to the terminal's width;\n"
+    "wide keeps whole lines); times are ISO 8601 UTC (2026-12-01T14:05:00Z).\n\n"
     "\b\nExit status:\n"
     "  0  done\n"
     "  1  the command failed or does not apply: no database schema (run `healer db upgrade`),\n"
@@ -42,7 +48,8 @@ EPILOG = (
     "     (some of its series name no node)\n"
     "  3  evaluate: a rule is broken (Prometheus refused its PromQL); doctor exporters: a rule\n"
     "     reads a metric no target exports\n"
-    "`healer run` and `healer serve` exit 0 on SIGTERM or SIGINT after a clean shutdown."
+    "`healer run` and `healer serve` exit 0 on SIGTERM or SIGINT after a clean shutdown, and every\n"
+    "command exits 0 when the reader of its output goes away (`healer rules show | head -1`)."
 )
 
 app = typer.Typer(
@@ -61,7 +68,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(
+def root(
     ctx: typer.Context,
     config: Annotated[
         Path | None,
@@ -91,3 +98,47 @@ app.add_typer(node.app, name="node")
 app.add_typer(breaker.app, name="breaker")
 app.command("pause")(pause.pause)
 app.command("resume")(pause.resume)
+
+
+class _WatchedStdout:
+    """``sys.stdout`` that notes when its reader has gone away (a write or flush raised
+    BrokenPipeError) before passing the error on."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self.reader_gone = True
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self.reader_gone = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def main() -> None:
+    """The ``healer`` command. A closed pipe on stdout ends it with status 0 and no traceback: the
+    reader (``head``, ``grep -q``) has what it wanted."""
+    watched = _WatchedStdout(sys.stdout)
+    sys.stdout = watched
+    try:
+        app()
+    except SystemExit as done:
+        with contextlib.suppress(BrokenPipeError):
+            sys.stdout.flush()  # what a print() left buffered
+        if not watched.reader_gone:
+            raise
+        # Nothing more can reach the reader; let the interpreter's last flush write nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, watched.fileno())
+        raise SystemExit(0) from done

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from healer.cli.context import settings_from
-from healer.cli.output import FormatAlias, Output, OutputOption, chosen
+from healer.cli.context import require_rule_paths, settings_from
+from healer.cli.output import FormatAlias, Output, OutputOption, chosen, table_width
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
@@ -44,8 +44,12 @@ NoPromql = Annotated[
 def _validate(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> Validation:
     from healer.ruleset.loading import validate_rules
 
+    given = bool(paths)
     if not paths:
         paths = list(settings_from(ctx).rules_paths)
+    group = ctx.parent.info_name if ctx.parent is not None else "rules"
+    usage = f"give them as arguments (`healer {group} {ctx.info_name} PATH...`)"
+    require_rule_paths(paths, given=given, usage=usage)
     return validate_rules(paths, promtool=not no_promql)
 
 
@@ -218,7 +222,7 @@ def show(
                         expr,
                     ]
                 )
-        typer.echo(columns(rows))
+        typer.echo(columns(rows, width=table_width(output)))
         typer.echo(f"\n{_summary(v)}")
 
 

@@ -2,22 +2,32 @@
 
 Useful to look at a database (a copy, a standby) or to run the dashboard in its own Deployment. The
 rule set is loaded once at start from ``rules_paths`` (for the rules page and the charts' node
-labels); a rule set that fails validation is shown as missing and the errors are printed.
+labels); a rule set that fails validation is shown as missing and the errors are logged.
+
+Logs are JSON lines on stderr, as ``healer run`` writes them (``--text-logs`` for plain text).
+``/readyz`` is this process's readiness (the database answers); the controller's ticks, which
+another process records, are shown in its body without making the dashboard unready.
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 from types import FrameType
 from typing import Annotated
 
 import typer
 
+log = logging.getLogger("healer.serve")
+
 
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Listen address (default: api.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: api.port).")] = None,
+    text_logs: Annotated[
+        bool, typer.Option("--text-logs", help="Plain text logs instead of JSON lines.")
+    ] = False,
 ) -> None:
     """Serve the dashboard, the JSON API and /metrics (no controller: nothing is acted on).
 
@@ -27,16 +37,18 @@ def serve(
     from healer import wiring
     from healer.cli.context import settings_from
     from healer.errors import RuleError
+    from healer.logs import configure_logging
     from healer.ruleset.loading import load_ruleset
     from healer.ruleset.schema import RuleSet
     from healer.store.session import make_sessionmaker
 
     settings = settings_from(ctx)
+    configure_logging(settings.log_level, json=not text_logs)
     ruleset: RuleSet | None
     try:
         ruleset = load_ruleset(settings.rules_paths)
     except RuleError as exc:
-        typer.echo(f"warning: rules not loaded; the rules page lists recent evaluations:\n{exc}", err=True)
+        log.warning("rules not loaded; the rules page lists recent evaluations:\n%s", exc)
         ruleset = None
     engine = wiring.engine(settings)
     app = wiring.dashboard(settings, make_sessionmaker(engine), ruleset_provider=lambda: ruleset)
@@ -48,15 +60,11 @@ def serve(
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
+    host, port = host or settings.api.host, port or settings.api.port
     server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host or settings.api.host,
-            port=port or settings.api.port,
-            log_level=settings.log_level.lower(),
-            proxy_headers=True,
-        )
+        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, proxy_headers=True)
     )
+    log.info("dashboard on http://%s:%d/ (no controller in this process)", host, port)
     try:
         server.run()  # returns on SIGTERM/SIGINT
     finally:

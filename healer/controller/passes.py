@@ -166,7 +166,7 @@ def remediate(
         backoff: the controller's per-node backoff (nodes failing recently are skipped).
         fence: the leader's fence (``healer.controller.fence``); raises ``NotLeader`` from the
             first write or record after this replica stopped leading. None: unfenced (CLI, tests).
-        coverage: rule → the nodes exporting its input metrics (:mod:`healer.controller.coverage`);
+        coverage: rule → the nodes exporting its input metrics (:mod:`healer.coverage`);
             the budget and the breaker count over each rule's pool (:mod:`healer.engine.pools`).
             None, or a rule missing: the labelled pools.
         node_labels: node → its Kubernetes labels, for rules naming their pool by

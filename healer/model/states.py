@@ -6,7 +6,7 @@ from enum import StrEnum
 
 
 class NodeState(StrEnum):
-    """Where a node is in its remediation lifecycle (see DESIGN.md, "Node lifecycle")."""
+    """Where a node is in its remediation lifecycle (``healer.engine.lifecycle`` moves it)."""
 
     HEALTHY = "healthy"
     SUSPECT = "suspect"  # a finding is pending or firing but no action was taken yet

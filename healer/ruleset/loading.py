@@ -4,7 +4,7 @@ Entry points::
 
     load_ruleset(paths) -> RuleSet            raises RuleError carrying every RuleProblem
     validate_rules(paths) -> Validation       never raises for rule problems (CLI, dashboards)
-    reload_ruleset(paths, previous) -> Reload the runner's reload: a bad file keeps ``previous``
+    reload_ruleset(paths, previous) -> Reload the controller's reload: a bad file keeps ``previous``
     to_prometheus_rules(ruleset) -> dict      the same rules as a Prometheus alerting rule file
 
 A problem names the file, the 1-based line and column, and the field path, e.g.
@@ -153,7 +153,8 @@ class Validation:
 
 @dataclass(frozen=True)
 class Reload:
-    """What a reload gives the runner: the set to run now and, if the files were bad, why.
+    """What a reload gives the controller (``healer.rules_holder``): the set to run now and, if the
+    files were bad, why.
 
     ``ruleset`` is the new set when the files are valid, else the ``previous`` one unchanged.
     """

@@ -5,8 +5,9 @@ it answers, stopped on exit.
 development tools (``healer_dev``: the demo, the benchmarks, the tests' Prometheus and
 VictoriaMetrics) build on the same pieces, so there is one start-and-poll shape.
 
-Errors: :class:`~healer.errors.SourceUnavailable` when the binary is not on PATH, the process exits
-before it is ready, or it is not ready within the timeout (the end of its log is quoted).
+Errors: :class:`~healer.errors.BinaryNotFound` (a :class:`~healer.errors.SourceUnavailable`) when
+the binary is not on PATH; :class:`~healer.errors.SourceUnavailable` when the process exits before
+it is ready, or it is not ready within the timeout (the end of its log is quoted).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-from healer.errors import SourceUnavailable
+from healer.errors import BinaryNotFound, SourceUnavailable
 
 __all__ = ["LocalServer", "find_binary", "free_port", "local_prometheus", "local_server", "stop_process"]
 
@@ -38,10 +39,10 @@ def free_port() -> int:
 
 
 def find_binary(name: str, *, package: str) -> str:
-    """The path of ``name`` on PATH; raises SourceUnavailable naming the Debian ``package``."""
+    """The path of ``name`` on PATH; raises BinaryNotFound naming the Debian ``package``."""
     found = shutil.which(name)
     if not found:
-        raise SourceUnavailable(f"{name} not found on PATH (Debian/Ubuntu package '{package}')")
+        raise BinaryNotFound(name, package=package)
     return found
 
 

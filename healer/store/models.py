@@ -123,8 +123,8 @@ class Incident(Base):
     summary: Mapped[str] = mapped_column(Text, default="")
     close_reason: Mapped[str | None] = mapped_column(Text)
     escalated: Mapped[bool] = mapped_column(Boolean, default=False)
-    # Remediation memory, so a restarted controller resumes instead of forgetting (DESIGN.md,
-    # "Node lifecycle"); written by healer.controller only.
+    # Remediation memory, so a restarted controller resumes instead of forgetting; written by
+    # healer.controller only.
     rule: Mapped[str | None] = mapped_column(String(200))  # the rule whose actions healer follows
     cordoned_by_healer: Mapped[bool] = mapped_column(Boolean, default=False)
     # What spec.unschedulable should read while healer holds the node; None = healer holds nothing.

@@ -73,6 +73,9 @@ class _Fault(BaseModel):
 
     at: Seconds = Field(..., ge=0, description="Start, seconds after the run starts.")
     node: NodeName
+    noise: bool = Field(
+        False, description="Not a fault of the node: healer must leave it in service (Xid 45, a restart)."
+    )
 
 
 class _GpuFault(_Fault):
@@ -315,6 +318,10 @@ class Scenario(BaseModel):
 
     _source: str = PrivateAttr("scenario")
     _lines: dict[int, int] = PrivateAttr(default_factory=dict)
+
+    def faulted_nodes(self) -> frozenset[str]:
+        """The nodes a fault other than ``noise`` strikes: those healer should take out and return."""
+        return frozenset(f.node for f in self.faults if not f.noise)
 
     def where(self, index: int) -> str:
         """``file:line`` of fault ``index`` (or just the source name when lines are unknown)."""

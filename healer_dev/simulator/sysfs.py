@@ -197,7 +197,7 @@ def real_node_exporters(
     not apply: these are real exporters.
 
     Raises:
-        RuntimeError: node_exporter is not installed (:data:`healer_dev.node_exporter.MISSING`).
+        BinaryNotFound: node_exporter is not installed.
     """
     trees = [SysfsTree(fleet, name, root / name) for name in fleet.node_names]
     feeder = SysfsFeeder(trees, clock, interval=interval, traffic_every=traffic_every)

@@ -7,7 +7,6 @@ data. One browser for the module; each test gets a fresh context (no shared cook
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,6 +37,7 @@ from tests.integration.test_api_support import (
     seed_parts,
     serve,
 )
+from tests.service_skips import require_binary
 from tests.services import ScrapeTarget, prometheus_server
 
 pytestmark = [pytest.mark.browser, pytest.mark.prometheus]
@@ -99,8 +99,8 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail("Debian's chromium is not installed (.ci/run installs it)")
+    if not Path(CHROMIUM).exists():
+        require_binary("chromium", package="chromium")
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:

@@ -389,6 +389,7 @@ class World:
             PROVIDER_SECRET_ENV: PROVIDER_SECRET,
             "POD_NAME": identity,
             "HEALER_API__PORT": str(port),
+            "HEALER_API__ANONYMOUS_ROLE": "viewer",  # the tests read the API without a token
         }
         path = self.tmp_path / log
         with path.open("ab") as out:

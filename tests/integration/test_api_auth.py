@@ -8,6 +8,8 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.config import load_settings
+from healer.wiring import dashboard
 from tests.integration.test_api_support import (
     OPERATOR_TOKEN,
     VIEWER_TOKEN,
@@ -42,6 +44,19 @@ def closed_client(session_factory: sessionmaker[Session], seeded: Seeded) -> Ite
 
 def error_code(response: httpx.Response) -> str:
     return str(response.json()["error"]["code"])
+
+
+def test_by_default_anonymous_requests_are_refused(
+    session_factory: sessionmaker[Session], seeded: Seeded
+) -> None:
+    """Out of the box (no ``api.anonymous_role`` set) the API wants a token and pages a login."""
+    with http_client(dashboard(load_settings(), session_factory)) as c:
+        api = c.get("/api/v1/nodes")
+        page = c.get("/")
+        probe = c.get("/healthz")
+    assert (api.status_code, error_code(api)) == (401, "unauthorized")
+    assert (page.status_code, page.headers["location"]) == (303, "/login?next=%2F")
+    assert probe.status_code == 200
 
 
 class TestAnonymous:

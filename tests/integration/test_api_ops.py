@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,16 +17,16 @@ from healer.metrics import HealerMetrics
 from healer.sources.prometheus_range import PrometheusRange, node_selector_expr
 from healer.store import nodes as repo
 from healer.store.session import make_engine, make_sessionmaker
-from tests.conftest import REPO
 from tests.integration.test_api_support import (
     NOW,
     build_app,
     dcgm_exporter,
+    healer_serve,
     http_client,
     make_settings,
     seed,
 )
-from tests.services import ScrapeTarget, free_port, prometheus_server, wait_until
+from tests.services import ScrapeTarget, prometheus_server
 
 
 class TestProbes:
@@ -38,27 +37,51 @@ class TestProbes:
 
     def test_ready_with_a_recent_tick(self, session_factory: sessionmaker[Session]) -> None:
         seed(session_factory)
-        with http_client(build_app(session_factory, leader_provider=lambda: True)) as c:
+        app = build_app(session_factory, leader_provider=lambda: True, controller_in_process=True)
+        with http_client(app) as c:
             r = c.get("/readyz")
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["ready"] is True and body["reasons"] == []
         assert (body["database"], body["leader"], body["last_tick_age_seconds"]) == (True, True, 20.0)
+        assert body["controller"] == {"in_process": True, "ok": True, "reasons": []}
 
     def test_stale_tick_is_503_with_the_reason(self, session_factory: sessionmaker[Session]) -> None:
+        """healer run: its own controller's ticks stopped."""
         seed(session_factory)
         later = NOW + timedelta(minutes=10)
-        with http_client(build_app(session_factory, clock=lambda: later, leader_provider=lambda: False)) as c:
+        app = build_app(
+            session_factory, clock=lambda: later, leader_provider=lambda: False, controller_in_process=True
+        )
+        with http_client(app) as c:
             r = c.get("/readyz")
         assert r.status_code == 503
         assert r.json()["reasons"] == ["last tick 620s ago (limit 90s)"]
+        assert r.json()["controller"]["reasons"] == ["last tick 620s ago (limit 90s)"]
         assert r.json()["leader"] is False
 
     def test_no_tick_yet_is_503(self, session_factory: sessionmaker[Session]) -> None:
-        with http_client(build_app(session_factory)) as c:
+        with http_client(build_app(session_factory, controller_in_process=True)) as c:
             r = c.get("/readyz")
         assert r.status_code == 503
         assert r.json()["reasons"] == ["no tick recorded yet"]
+
+    def test_the_dashboard_alone_is_ready_and_shows_the_stale_controller(
+        self, session_factory: sessionmaker[Session]
+    ) -> None:
+        """healer serve: no controller runs beside it; its readiness is its own (the database)."""
+        seed(session_factory)
+        later = NOW + timedelta(minutes=10)
+        with http_client(build_app(session_factory, clock=lambda: later)) as c:
+            r = c.get("/readyz")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["ready"], body["reasons"], body["database"]) == (True, [], True)
+        assert body["controller"] == {
+            "in_process": False,
+            "ok": False,
+            "reasons": ["last tick 620s ago (limit 90s)"],
+        }
 
 
 def test_unreachable_database_is_503_and_metrics_still_answer(tmp_path: Path) -> None:
@@ -164,24 +187,19 @@ def test_rules_without_a_rule_set_come_from_recorded_evaluations(
 
 
 def test_healer_serve_runs_the_dashboard_standalone(migrated_sqlite_url: str) -> None:
-    url = migrated_sqlite_url
-    port = free_port()
-    env = {**os.environ, "HEALER_DATABASE__URL": url}
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from healer.cli import app; app()", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(f"{base}/healthz", timeout=1).status_code == 200, timeout=60)
-        rules = httpx.get(f"{base}/api/v1/rules", timeout=10).json()
+    with healer_serve(migrated_sqlite_url, output=subprocess.PIPE) as served:
+        rules = httpx.get(f"{served.url}/api/v1/rules", timeout=10).json()
         assert rules["loaded"] is True and len(rules["rules"]) > 5  # the default pack from rules/
-        assert httpx.get(f"{base}/readyz", timeout=10).json()["reasons"] == ["no tick recorded yet"]
-    finally:
-        process.terminate()
-        out, _ = process.communicate(timeout=20)
-    # uvicorn shuts down cleanly on SIGTERM, then re-raises the signal (exit status -15).
-    assert "Application shutdown complete" in out.decode(), out.decode()
+        ready = httpx.get(f"{served.url}/readyz", timeout=10)
+        assert (ready.status_code, ready.json()["reasons"]) == (200, [])
+        assert ready.json()["controller"]["reasons"] == ["no tick recorded yet"]
+        served.process.terminate()
+        out, err = served.process.communicate(timeout=20)
+    assert served.process.returncode == 0, err.decode()  # a clean stop on SIGTERM, as healer run
+    # Logs are JSON lines on stderr, as healer run writes them; nothing on stdout.
+    assert out == b""
+    lines = [json.loads(line) for line in err.decode().splitlines()]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines), lines
+    messages = [line["message"] for line in lines]
+    assert f"dashboard on {served.url}/ (no controller in this process)" in messages
+    assert "Application shutdown complete." in messages

@@ -9,7 +9,10 @@ evaluations; a rejected rule reload; dry-run and refused actions.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import nodes as repo
 from healer.store.models import Finding, Gpu, OutboxMessage, RuleEvaluation, Ticket
 from healer.wiring import dashboard
+from tests.conftest import REPO
 from tests.services import free_port, text_exporter, wait_until
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -57,7 +61,8 @@ RULESET = RuleSet(
 
 
 def make_settings(**api: object) -> Settings:
-    """Settings for tests: an operator and a viewer token, a fixed CSRF secret, no Prometheus."""
+    """Settings for tests: an operator and a viewer token, a fixed CSRF secret, no Prometheus, and
+    anonymous requests read-only (``anonymous_role: viewer``; the default is ``none``)."""
     return load_settings(
         prometheus={"url": "http://127.0.0.1:9", "timeout_seconds": 1.0},
         api={
@@ -66,6 +71,7 @@ def make_settings(**api: object) -> Settings:
                 {"token": VIEWER_TOKEN, "user": "victor", "role": "viewer"},
             ],
             "csrf_secret": CSRF_SECRET,
+            "anonymous_role": "viewer",
             **api,
         },
     )
@@ -350,7 +356,11 @@ def seed_parts(factory: sessionmaker[Session], *, now: datetime = NOW) -> None:
 
 
 def build_app(factory: sessionmaker[Session], settings: Settings | None = None, **kwargs: object) -> FastAPI:
-    """The app under test with a fixed clock and the test rule set."""
+    """The app under test with a fixed clock and the test rule set; anonymous requests read-only
+    (``anonymous_role: viewer``) unless ``settings`` chose a role."""
+    if settings is not None and "anonymous_role" not in settings.api.model_fields_set:
+        api = settings.api.model_copy(update={"anonymous_role": "viewer"})
+        settings = settings.model_copy(update={"api": api})
     kwargs.setdefault("clock", lambda: NOW)
     kwargs.setdefault("ruleset_provider", lambda: RULESET)
     return dashboard(settings or make_settings(), factory, **kwargs)  # type: ignore[arg-type]
@@ -373,6 +383,43 @@ def serve(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+@dataclass
+class Served:
+    """A ``healer serve`` process (:func:`healer_serve`) and its base URL."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+
+
+@contextlib.contextmanager
+def healer_serve(database_url: str, *, output: int = subprocess.DEVNULL, **env: str) -> Iterator[Served]:
+    """``healer serve`` in a process of its own on a free loopback port over ``database_url``:
+    none of the caller's ``HEALER_`` settings, anonymous requests read-only, ``env`` added. Yields
+    once ``/healthz`` answers; stops it (SIGTERM) on exit unless the caller already did."""
+    port = free_port()
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HEALER_")},
+        "HEALER_DATABASE__URL": database_url,
+        "HEALER_API__ANONYMOUS_ROLE": "viewer",
+        **env,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "healer", "serve", "--port", str(port)],
+        cwd=REPO,
+        env=environment,
+        stdout=output,
+        stderr=output,
+    )
+    served = Served(process, f"http://127.0.0.1:{port}")
+    try:
+        wait_until(lambda: httpx.get(f"{served.url}/healthz", timeout=1).status_code == 200, timeout=60)
+        yield served
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.communicate(timeout=30)
 
 
 @contextlib.contextmanager

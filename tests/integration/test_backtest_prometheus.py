@@ -23,6 +23,7 @@ from healer.cli import app
 from healer.ruletest.series import Series, openmetrics
 from healer.sources.scratch import scratch_prometheus
 from tests.conftest import REPO
+from tests.service_skips import require_binary
 
 pytestmark = pytest.mark.prometheus
 
@@ -72,8 +73,8 @@ def fleet_openmetrics() -> str:
 
 @pytest.fixture(scope="module")
 def prometheus_url() -> Iterator[str]:
-    if not (shutil.which("prometheus") and shutil.which("promtool")):
-        pytest.skip("prometheus/promtool not installed")
+    require_binary("prometheus", package="prometheus")
+    require_binary("promtool", package="prometheus")
     with scratch_prometheus(fleet_openmetrics()) as url:
         yield url
 
@@ -273,8 +274,7 @@ def test_an_unreachable_prometheus_is_an_error_not_a_quiet_report(
 
 
 def test_bad_promql_names_the_file_line_and_column(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    if not shutil.which("promtool"):
-        pytest.skip("promtool not installed")
+    require_binary("promtool", package="prometheus")
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULE.format(name="GpuTooHot", expr="(DCGM_FI_DEV_GPU_TEMP > 78"))
     monkeypatch.setenv("HEALER_PROMETHEUS__URL", f"http://127.0.0.1:{_unused_loopback_port()}")

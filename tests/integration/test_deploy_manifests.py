@@ -45,6 +45,7 @@ from healer.store import migrate
 from healer.tickets.coverage import refuse_acting_without_providers
 from healer_dev.simulator.scenario import load_scenario
 from tests.helm import CHART, IMAGE, NAMESPACE, documents, require_helm, run_helm, template
+from tests.service_skips import require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -329,10 +330,10 @@ def test_compose_prometheus_scrapes_the_simulator(compose: dict[str, Any]) -> No
         assert host in services or host in {"127.0.0.1", "localhost"}, target
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) not installed")
 def test_compose_prometheus_config_passes_promtool() -> None:
+    promtool = require_binary("promtool", package="prometheus")
     result = subprocess.run(
-        ["promtool", "check", "config", "--syntax-only", str(DEPLOY / "compose" / "prometheus.yml")],
+        [promtool, "check", "config", "--syntax-only", str(DEPLOY / "compose" / "prometheus.yml")],
         capture_output=True,
         text=True,
         timeout=30,

@@ -15,14 +15,15 @@ from typer.testing import CliRunner
 from healer.cli import app
 from healer.ruleset.loading import load_ruleset
 from tests.conftest import REPO
+from tests.service_skips import require_binary
 
 pytestmark = pytest.mark.prometheus
 
 
 @pytest.fixture(autouse=True)
 def _tools(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not (shutil.which("prometheus") and shutil.which("promtool")):
-        pytest.skip("prometheus/promtool not installed")
+    require_binary("prometheus", package="prometheus")
+    require_binary("promtool", package="prometheus")
     for key in list(os.environ):
         if key.startswith("HEALER_"):
             monkeypatch.delenv(key)

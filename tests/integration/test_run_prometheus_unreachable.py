@@ -59,7 +59,7 @@ def test_a_closed_prometheus_port_fails_readiness_logs_once_and_turns_the_header
                 },
                 "scheduler": {"default_interval_seconds": 1},
                 "kubernetes": {"kubeconfig": str(cluster.write_kubeconfig(tmp_path / "kubeconfig"))},
-                "api": {"port": port},
+                "api": {"port": port, "anonymous_role": "viewer"},
                 "safety": {"dry_run": True},
             }
         ),

@@ -6,7 +6,6 @@ fault to start, then polls Prometheus until the effect is visible (never a blind
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from healer_dev.simulator import Fleet, FleetConfig, LabelStyle, ManualClock, SimulatorServer, parse_scenario
+from tests.service_skips import require_binary
 from tests.services import PrometheusServer, free_port, prometheus_server, wait_until
 
 pytestmark = pytest.mark.prometheus
@@ -151,9 +151,7 @@ def test_healer_simulate_serves_the_demo_and_writes_file_sd_that_promtool_accept
     assert proc.returncode in (0, -15), err
     assert "simulating 64 nodes" in out.decode()
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool not found (Debian package 'prometheus')")
+    promtool = require_binary("promtool", package="prometheus")
     config = tmp_path / "prometheus.yml"
     config.write_text(
         yaml.safe_dump({"scrape_configs": [{"job_name": "fleet", "file_sd_configs": [{"files": [str(sd)]}]}]})

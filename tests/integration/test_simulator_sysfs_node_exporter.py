@@ -11,11 +11,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from healer_dev.node_exporter import binary, run_node_exporter
+from healer_dev.node_exporter import run_node_exporter
 from healer_dev.simulator import Fleet, FleetConfig, parse_scenario
 from healer_dev.simulator.sysfs import SysfsTree
-
-pytestmark = pytest.mark.skipif(binary() is None, reason="node_exporter not installed")
 
 NODE = "gpu-node-01"
 FAULTS = [

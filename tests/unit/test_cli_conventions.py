@@ -1,4 +1,4 @@
-"""One CLI convention: ``-o table|json|yaml`` on listing commands, ISO 8601 UTC times, flags
+"""One CLI convention: ``-o table|wide|json|yaml`` on listing commands, ISO 8601 UTC times, flags
 without a type metavar, exit codes in ``healer --help``, and ``healer serve`` exiting 0 on SIGTERM."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_help_shows_no_bool_metavar_and_documents_exit_codes(args: list[str]) ->
     assert "<bool>" not in result.output
     top = runner.invoke(app, ["--help"]).output
     assert "Exit status:" in top
-    assert "`healer db upgrade`" in top and "-o table|json|yaml" in top
+    assert "`healer db upgrade`" in top and "-o table|wide|json|yaml" in top
 
 
 def test_serve_exits_0_on_sigterm(db_url: str, tmp_path: Path) -> None:

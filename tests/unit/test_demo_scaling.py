@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,45 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does() -> None:
             time.sleep(5)  # the handler runs at the next bytecode; never reached
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_the_story_waits_for_every_node_the_scenario_faults(migrated_sqlite_url: str) -> None:
+    """``healer demo --duration`` ends once every faulted node (not the noise) is back in service."""
+    from datetime import UTC, datetime
+
+    from healer.config import load_settings
+    from healer.model.states import NodeState
+    from healer.store.nodes import get_or_create_node, transition
+    from healer.store.session import make_engine, make_sessionmaker, transaction
+    from healer_dev.demo import DEMO_SCENARIO, summarize
+    from healer_dev.simulator.scenario import load_scenario
+
+    faulted = load_scenario(DEMO_SCENARIO).faulted_nodes()
+    assert faulted == {"gpu-node-07", "gpu-node-12", "gpu-node-23", "gpu-node-31", "gpu-node-40"}
+    sessions = make_sessionmaker(make_engine(migrated_sqlite_url))
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    settings = load_settings()
+    back = (NodeState.QUARANTINED, NodeState.VALIDATING, NodeState.HEALTHY)
+    for name in sorted(faulted)[:-1]:
+        with transaction(sessions) as s:
+            node = get_or_create_node(s, name, now=now)
+            for state in back:
+                transition(s, node, state, now=now, actor="healer", reason=f"to {state}")
+    summary = summarize(settings, sessions, "", faulted=faulted)
+    assert summary.unfinished() == "1 faulted node(s) not taken out and returned yet: gpu-node-40"
+    with transaction(sessions) as s:
+        node = get_or_create_node(s, "gpu-node-40", now=now)
+        for state in back:
+            transition(s, node, state, now=now, actor="healer", reason=f"to {state}")
+    assert summarize(settings, sessions, "", faulted=faulted).unfinished() is None
+
+
+def test_the_demo_reads_the_rule_pack_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from healer.ruleset.loading import load_ruleset
+    from healer_dev.demo import demo_rules_paths
+
+    monkeypatch.chdir(tmp_path)  # no rules/ here
+    ruleset = load_ruleset(demo_rules_paths())
+    assert {"GpuTooHot", "GpuFatalXid"} <= {r.name for r in ruleset.rules}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from healer.ruleset.export import DIGEST_ANNOTATION, RULE_LABEL, rule_digest
 from healer.ruleset.inputs import input_metrics, unlisted_selectors
 from healer.ruleset.loading import load_ruleset
 from tests.conftest import REPO
+from tests.service_skips import require_binary
 
 PACK = REPO / "rules"
 
@@ -118,9 +118,7 @@ def test_export_without_keep_firing_for_is_what_vmalert_1_79_loads(runner: CliRu
     assert [{k: v for k, v in r.items() if k != "keep_firing_for"} for r in full_rules] == bare_rules
     for name, text in (("full", full.stdout), ("bare", bare.stdout)):
         (tmp_path / f"{name}.yml").write_text(text)
-    vmalert = shutil.which("vmalert")
-    if vmalert is None:
-        pytest.skip("vmalert (Debian package victoria-metrics) not on PATH")
+    vmalert = require_binary("vmalert", package="victoria-metrics")
 
     def dry_run(name: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
