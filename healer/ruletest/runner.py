@@ -157,7 +157,8 @@ def _line_of(node: object, key: str | int) -> int:
 def _is_promtool_file(path: Path, doc: CommentedMap) -> bool:
     """Whether ``doc`` is promtool's own test file: its rule files are Prometheus rule files, or
     (none readable) it uses none of healer's keys. Raises SpecError for a mix of both formats."""
-    entries = [str(e) for e in doc.get("rule_files") or []]
+    raw = doc.get("rule_files")
+    entries = [str(e) for e in raw] if isinstance(raw, list) else []  # promtool reports other shapes
     files = [Path(f) for pattern in resolve_rule_files(path, entries) for f in sorted(glob.glob(pattern))]
     kinds = {k for k in map(rule_file_kind, files) if k}
     if len(kinds) > 1:
