@@ -246,8 +246,10 @@ def test_(
         ),
     ],
 ) -> None:
-    """Unit-test rules: promtool's test format (rule_files, input_series 'a+bxn', eval_time) plus
-    healer's exp_findings and exp_steps, evaluated by a throwaway Prometheus and healer's engine.
+    """Unit-test rules. promtool's test files (Prometheus rule files with alert:/record:,
+    alert_rule_test, promql_expr_test) are run by promtool as written, a verdict per test; healer's
+    (healer rule files, input_series 'a+bxn', exp_findings and exp_steps) by a throwaway Prometheus
+    and healer's engine, with any promql_expr_test run by promtool.
 
     Exit 0 when every test passes; 1 with every failure (file:line, test, expected vs got) on stderr.
     """

@@ -8,6 +8,10 @@ Prometheus as a range query with the file's ``evaluation_interval`` as step (the
 controller's instant queries would get), and the ticks go through the same pure evaluation,
 lifecycle and safety code as the controller (:class:`healer.engine.replay.Replay`).
 
+A file whose rule files are Prometheus rule files (``alert:``/``record:``) is promtool's own test
+file: promtool runs it as written and gives its verdict per test case (:mod:`healer.ruletest.promtool`).
+A healer test's ``promql_expr_test`` goes to promtool too, over the test's input series.
+
 A failure names the file and line of the expectation, the test, and shows expected against got
 (``-`` expected but missing, ``+`` got but not expected, two spaces: as expected).
 """
@@ -15,19 +19,32 @@ A failure names the file and line of the expectation, the test, and shows expect
 from __future__ import annotations
 
 import difflib
+import glob
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from healer.engine.replay import STEP_KINDS, Replay, ReplaySettings
 from healer.errors import SourceError
 from healer.model.findings import Finding, TickFindings
 from healer.ruleset.loading import validate_rules
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
+from healer.ruletest.promtool import (
+    HEALER_FILE_KEYS,
+    HEALER_TEST_KEYS,
+    Case,
+    Verdict,
+    resolve_rule_files,
+    rule_file_kind,
+    run_cases,
+)
 from healer.ruletest.series import openmetrics
-from healer.ruletest.spec import ExpFindings, SpecError, TestCase, TestFile, load
+from healer.ruletest.spec import ExpFindings, SpecError, TestCase, TestFile, load, read_document
 from healer.sources.history import history_ticks
 from healer.sources.prometheus_range import PrometheusRange
 from healer.sources.scratch import scratch_prometheus
@@ -84,7 +101,11 @@ def run(paths: Sequence[str | Path]) -> Outcome:
     loaded: list[tuple[TestFile, RuleSet]] = []
     for path in paths:
         try:
-            spec = load(path)
+            doc = read_document(path)
+            if _is_promtool_file(Path(path), doc):
+                _run_promtool_file(Path(path), doc, outcome)
+                continue
+            spec = load(path, doc)
         except SpecError as exc:
             outcome.errors.append(str(exc))
             outcome.files_not_run += 1
@@ -115,10 +136,105 @@ def run(paths: Sequence[str | Path]) -> Outcome:
             source = PrometheusRange(url, timeout_seconds=30.0)
             for spec, ruleset, test, start in slots:
                 outcome.tests += 1
-                outcome.failures.extend(_run_test(source, spec, ruleset, test, start))
+                if test.checked_by_engine:
+                    outcome.failures.extend(_run_test(source, spec, ruleset, test, start))
     except SourceError as exc:
         outcome.errors.append(f"cannot run the tests: {exc}")
+    for spec, _ in loaded:
+        _run_promql_parts(spec, outcome)
     return outcome
+
+
+def _line_of(node: object, key: str | int) -> int:
+    """1-based line of a mapping's ``key`` or a sequence's item ``key`` (1 when unknown)."""
+    lc = getattr(node, "lc", None)
+    try:
+        return int((lc.key(key) if isinstance(key, str) else lc.item(key))[0]) + 1  # type: ignore[union-attr]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return 1
+
+
+def _is_promtool_file(path: Path, doc: CommentedMap) -> bool:
+    """Whether ``doc`` is promtool's own test file: its rule files are Prometheus rule files, or
+    (none readable) it uses none of healer's keys. Raises SpecError for a mix of both formats."""
+    raw = doc.get("rule_files")
+    entries = [str(e) for e in raw] if isinstance(raw, list) else []  # promtool reports other shapes
+    files = [Path(f) for pattern in resolve_rule_files(path, entries) for f in sorted(glob.glob(pattern))]
+    kinds = {k for k in map(rule_file_kind, files) if k}
+    if len(kinds) > 1:
+        raise SpecError(
+            f"{path}:{_line_of(doc, 'rule_files')}: rule_files: mixes Prometheus rule files (alert:, "
+            "record:) and healer rule files (name:): a test file tests one kind"
+        )
+    healer_keys = [str(k) for k in doc if k in HEALER_FILE_KEYS]
+    tests = doc.get("tests")
+    for test in tests if isinstance(tests, list) else []:
+        if isinstance(test, dict):
+            healer_keys.extend(str(k) for k in test if k in HEALER_TEST_KEYS)
+    if kinds == {"prometheus"} and healer_keys:
+        key = healer_keys[0]
+        node = doc if key in doc else next(t for t in tests if isinstance(t, dict) and key in t)
+        raise SpecError(
+            f"{path}:{_line_of(node, key)}: unsupported key {key!r} with Prometheus rule files "
+            f"({', '.join(map(str, files))}): healer's expectations need healer rule files; "
+            "check these rules' alerts with alert_rule_test"
+        )
+    return kinds == {"prometheus"} or (not kinds and not healer_keys)
+
+
+def _cases(path: Path, doc: CommentedMap) -> list[Case]:
+    tests = doc.get("tests")
+    out = []
+    for i, test in enumerate(tests if isinstance(tests, CommentedSeq) else []):
+        if isinstance(test, CommentedMap):
+            line = _line_of(tests, i)
+            out.append(Case(line, str(test.get("name") or f"test at line {line}"), test))
+    return out
+
+
+def _record(path: Path, verdict: Verdict, cases: int, outcome: Outcome) -> None:
+    if verdict.error is not None:
+        outcome.errors.append(verdict.error.message)
+        outcome.files_not_run += 1
+        return
+    outcome.tests += cases
+    for failure in verdict.failures:
+        outcome.failures.append(
+            Failure(
+                f"{path}:{failure.case.line}",
+                failure.case.name,
+                "promtool test rules:\n" + textwrap.indent(textwrap.dedent(failure.message), "    "),
+            )
+        )
+
+
+def _run_promtool_file(path: Path, doc: CommentedMap, outcome: Outcome) -> None:
+    """promtool's own test file, run by promtool as written; a verdict per test case."""
+    cases = _cases(path, doc)
+    _record(path, run_cases(path, doc, cases, unchanged=True), len(cases), outcome)
+
+
+def _run_promql_parts(spec: TestFile, outcome: Outcome) -> None:
+    """The ``promql_expr_test`` of a healer test file's tests, run by promtool over each test's input
+    series (no rule files: healer's are not Prometheus's). A test without ``interval`` gets healer's
+    default, the file's ``evaluation_interval``, so both parts read the same samples."""
+    cases = []
+    for test in spec.tests:
+        if test.node is None or "promql_expr_test" not in test.node:
+            continue
+        part = CommentedMap()
+        part["name"] = test.name
+        part["interval"] = fmt_seconds(test.interval)
+        for key in ("input_series", "promql_expr_test"):
+            if key in test.node:
+                part[key] = test.node[key]
+        cases.append(Case(test.line, test.name, part))
+    if not cases:
+        return
+    doc = CommentedMap()
+    doc["evaluation_interval"] = fmt_seconds(spec.evaluation_interval)
+    verdict = run_cases(Path(spec.path), doc, cases, unchanged=False, rule_files=[])
+    _record(Path(spec.path), verdict, 0, outcome)
 
 
 def unknown_rules(spec: TestFile, ruleset: RuleSet) -> list[str]:

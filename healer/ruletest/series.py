@@ -8,9 +8,9 @@ The notation (``promtool test rules``, prometheus/prometheus ``docs/configuratio
 - ``axn``: ``n + 1`` times ``a``; ``_xn``: ``n`` missing samples;
 - numbers may be ``Inf``, ``-Inf``, ``NaN``, and use exponents.
 
-OpenMetrics has no staleness marker, so ``stale`` is written as a gap: the last value lingers for
-Prometheus's lookback delta (5 minutes) instead of vanishing at once. Tests that need a series to
-vanish write ``_`` past the lookback.
+OpenMetrics has no staleness marker, so ``stale`` could only be written as a gap (the last value
+lingering for the 5 minute lookback where promtool drops it at once): :mod:`healer.ruletest.spec`
+refuses it in the tests healer's engine checks, and promtool's own tests are run by promtool.
 
 Errors: :class:`SeriesError` with the offending token or selector.
 """

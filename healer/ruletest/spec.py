@@ -23,8 +23,12 @@
 A test ends at its latest ``eval_time``/``at`` (or its longest series). ``exp_steps`` omitted: steps
 are not checked; ``exp_steps: []``: no step may happen. Every rule is evaluated every
 ``evaluation_interval`` (group ``interval`` values are not used), from the test's time 0 as promtool
-does. promtool's own ``alert_rule_test``/``promql_expr_test`` keys are refused: run those with
-``promtool test rules`` on the Prometheus form of the rules.
+does. A test may also hold promtool's ``promql_expr_test`` (run by promtool over the test's input
+series: :mod:`healer.ruletest.promtool`). ``alert_rule_test`` needs Prometheus rule files, and a file
+of those is promtool's own test file (run by promtool whole): with healer's rule files it is refused.
+``stale`` is refused in a test that healer's engine checks (``exp_findings``, ``exp_steps``): the
+engine's Prometheus is loaded from OpenMetrics, which has no staleness marker, so the value would
+linger 5 minutes where promtool sees none.
 
 Errors: :class:`SpecError` with ``file:line`` for a malformed file.
 """
@@ -90,6 +94,12 @@ class TestCase:
     series: list[Series]
     exp_findings: list[ExpFindings]
     exp_steps: list[ExpStep] | None
+    node: CommentedMap | None = None  #: the test as written (its promql_expr_test goes to promtool)
+
+    @property
+    def checked_by_engine(self) -> bool:
+        """Whether healer's engine has something to check (else only promtool's part runs)."""
+        return bool(self.exp_findings) or self.exp_steps is not None
 
     @property
     def end(self) -> float:
@@ -112,7 +122,13 @@ class TestFile:
 
 
 _FILE_KEYS = {"rule_files", "evaluation_interval", "tests", "safety", "recovery_hold"}
-_TEST_KEYS = {"name", "interval", "input_series", "exp_findings", "exp_steps"}
+_TEST_KEYS = {"name", "interval", "input_series", "exp_findings", "exp_steps", "promql_expr_test"}
+#: Keys of promtool's format that need Prometheus rule files: why each is refused with healer's.
+_NEEDS_PROMETHEUS_RULES = {
+    "alert_rule_test": "its alerts come from Prometheus rule files (alert:); "
+    "expect a healer rule's findings with exp_findings",
+    "group_eval_order": "it orders Prometheus rule groups; healer evaluates every rule at each tick",
+}
 
 
 def _line(node: Any) -> int:
@@ -136,8 +152,8 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def load(path: str | Path) -> TestFile:
-    """Read one test file. Raises :class:`SpecError`."""
+def read_document(path: str | Path) -> CommentedMap:
+    """The test file's YAML (round-trip: lines and scalars as written). Raises :class:`SpecError`."""
     name = str(path)
     try:
         text = Path(path).read_text()
@@ -151,15 +167,37 @@ def load(path: str | Path) -> TestFile:
         raise SpecError(f"{where}: {message}") from exc
     if not isinstance(doc, CommentedMap):
         raise SpecError(f"{name}:1: a test file is a mapping with rule_files and tests")
+    return doc
+
+
+def _unknown_keys(name: str, node: CommentedMap, allowed: set[str]) -> SpecError | None:
+    """``file:line: unsupported key 'k' (...)`` at the first unknown key's own line."""
+    unknown = [str(k) for k in node if str(k) not in allowed]
+    if not unknown:
+        return None
+    first = unknown[0]
+    line = _key_line(node, first) or _line(node) or 1
+    reason = _NEEDS_PROMETHEUS_RULES.get(first)
+    if reason:
+        return SpecError(f"{name}:{line}: unsupported key {first!r} with healer rule files: {reason}")
+    return SpecError(
+        f"{name}:{line}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+    )
+
+
+def load(path: str | Path, doc: CommentedMap | None = None) -> TestFile:
+    """Read one test file (``doc``: its :func:`read_document`, when already read). Raises
+    :class:`SpecError`."""
+    name = str(path)
+    if doc is None:
+        doc = read_document(path)
 
     def fail(node: Any, message: str) -> SpecError:
         return SpecError(f"{name}:{_line(node) or 1}: {message}")
 
-    unknown = set(map(str, doc)) - _FILE_KEYS
+    unknown = _unknown_keys(name, doc, _FILE_KEYS)
     if unknown:
-        raise fail(
-            doc, f"unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_FILE_KEYS))}"
-        )
+        raise unknown
     base = Path(path).parent
     rule_files = [base / str(p) for p in doc.get("rule_files") or []]
     if not rule_files:
@@ -181,11 +219,9 @@ def load(path: str | Path) -> TestFile:
 def _test(file: str, node: Any, default_interval: float, fail: Any) -> TestCase:
     if not isinstance(node, CommentedMap):
         raise fail(node, "a test is a mapping")
-    unknown = set(map(str, node)) - _TEST_KEYS
+    unknown = _unknown_keys(file, node, _TEST_KEYS)
     if unknown:
-        raise fail(
-            node, f"unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TEST_KEYS))}"
-        )
+        raise unknown
     try:
         interval = parse_duration(node.get("interval", default_interval))
         series = [parse_series(str(s["series"]), str(s["values"])) for s in node.get("input_series") or []]
@@ -216,6 +252,16 @@ def _test(file: str, node: Any, default_interval: float, fail: Any) -> TestCase:
         raise fail(node, f"missing key {exc}") from exc
     except (SeriesError, TypeError, ValueError) as exc:
         raise fail(node, str(exc)) from exc
+    if exp_findings or exp_steps is not None:
+        for raw in node.get("input_series") or []:
+            if "stale" in str(raw["values"]).split():
+                raise SpecError(
+                    f"{file}:{_key_line(raw, 'values') or _line(raw) or _line(node)}: values: 'stale' "
+                    "is not supported in a test with exp_findings or exp_steps: healer's engine reads "
+                    "OpenMetrics, which has no staleness marker, so the value would linger 5 minutes "
+                    "(promtool drops it at once); end the series with '_' values, or check it with "
+                    "promql_expr_test"
+                )
     for step in exp_steps or []:
         if step.step not in STEPS:
             raise SpecError(
@@ -230,4 +276,5 @@ def _test(file: str, node: Any, default_interval: float, fail: Any) -> TestCase:
         series=series,
         exp_findings=exp_findings,
         exp_steps=exp_steps,
+        node=node,
     )

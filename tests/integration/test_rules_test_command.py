@@ -185,3 +185,126 @@ def test_a_missing_path_and_broken_yaml_read_cleanly(tmp_path: Path) -> None:
     assert "YAML syntax error" in result.stderr
     assert "<unicode string>" not in result.stderr
     assert ":0:" not in result.stderr
+
+
+_PROMETHEUS_RULES = """\
+groups:
+  - name: g
+    rules:
+      - alert: GpuTooHot
+        expr: max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP) > 80
+        for: 1m
+        annotations: {summary: "GPU {{ $labels.gpu }} at {{ $value }} C"}
+"""
+
+_ALERT_TEST = """\
+rule_files: [rules.yaml]
+tests:
+  - name: hot GPU
+    interval: 1m
+    input_series:
+      - series: 'DCGM_FI_DEV_GPU_TEMP{Hostname="n1", gpu="0"}'
+        values: '90x5'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: GpuTooHot
+        exp_alerts:
+          - exp_labels: {Hostname: n1, gpu: "0"}
+            exp_annotations: {summary: "GPU 0 at 90 C"}
+  - name: cool GPU
+    interval: 1m
+    input_series:
+      - series: 'DCGM_FI_DEV_GPU_TEMP{Hostname="n1", gpu="0"}'
+        values: '60x5'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: GpuTooHot
+        exp_alerts: []
+"""
+
+
+def test_a_promtool_test_file_runs_as_promtool_runs_it(tmp_path: Path) -> None:
+    path = _small(tmp_path, rules=_PROMETHEUS_RULES, test=_ALERT_TEST)
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 0, result.stderr
+    assert "OK: 2 of 2 test(s) passed in 1 file(s)" in result.stdout
+
+
+def test_a_failing_promtool_test_is_named_at_its_line_with_promtools_expected_and_got(tmp_path: Path) -> None:
+    path = _small(tmp_path, rules=_PROMETHEUS_RULES, test=_ALERT_TEST.replace("at 90 C", "at 91 C"))
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    err = result.stderr
+    assert f"FAILED {path}:3: test 'hot GPU': promtool test rules:" in err
+    assert 'Annotations:{summary="GPU 0 at 91 C"}' in err  # expected
+    assert 'Annotations:{summary="GPU 0 at 90 C"}' in err  # got: the template expanded by Prometheus
+    assert "cool GPU" not in err
+    assert "FAIL: 1 of 2 test(s) passed in 1 file(s)" in err
+
+
+def test_stale_is_a_staleness_marker_in_a_promtool_test(tmp_path: Path) -> None:
+    test = """\
+rule_files: [rules.yaml]
+tests:
+  - name: the series ends at once
+    interval: 1m
+    input_series:
+      - series: gone
+        values: '1 stale'
+    promql_expr_test:
+      - expr: gone
+        eval_time: 1m
+        exp_samples: []
+"""
+    path = _small(tmp_path, rules=_PROMETHEUS_RULES, test=test)
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 0, result.stderr
+    # A gap instead ('_') keeps the last sample for the 5 minute lookback: the same test fails.
+    path.write_text(test.replace("'1 stale'", "'1 _'"))
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    assert 'got: {__name__="gone"} 1E+00' in result.stderr
+
+
+def test_alert_rule_test_with_healer_rules_names_the_file_line_and_key(tmp_path: Path) -> None:
+    test = _SMALL_TEST + "    alert_rule_test:\n      - {eval_time: 3m, alertname: GpuTooHot}\n"
+    path = _small(tmp_path, test=test)
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    assert f"error: {path}:12: unsupported key 'alert_rule_test' with healer rule files:" in result.stderr
+
+
+def test_healer_expectations_with_prometheus_rules_name_the_file_line_and_key(tmp_path: Path) -> None:
+    test = _ALERT_TEST + "    exp_steps: []\n"
+    path = _small(tmp_path, rules=_PROMETHEUS_RULES, test=test)
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    line = len(test.splitlines())  # the last line: exp_steps of the second test
+    assert f"error: {path}:{line}: unsupported key 'exp_steps' with Prometheus rule files" in result.stderr
+
+
+def test_stale_in_a_test_healers_engine_checks_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = _small(tmp_path, test=_SMALL_TEST.replace("values: '90x5'", "values: '90x5 stale'"))
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    assert f"error: {path}:6: values: 'stale' is not supported in a test with exp_findings" in result.stderr
+
+
+def test_promql_expr_test_in_a_healer_test_runs_on_promtool(tmp_path: Path) -> None:
+    promql = (
+        "    promql_expr_test:\n"
+        "      - expr: max(DCGM_FI_DEV_GPU_TEMP)\n"
+        "        eval_time: 2m\n"
+        "        exp_samples: [{labels: '{}', value: 90}]\n"
+    )
+    path = _small(tmp_path, test=_SMALL_TEST + promql)
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 0, result.stderr
+    assert "OK: 1 of 1 test(s) passed in 1 file(s)" in result.stdout
+
+    path.write_text(_SMALL_TEST + promql.replace("value: 90", "value: 91"))
+    result = CliRunner().invoke(app, ["rules", "test", str(path)])
+    assert result.exit_code == 1
+    assert f"FAILED {path}:3: test 'hot GPU': promtool test rules:" in result.stderr
+    assert "got: {} 9E+01" in result.stderr
+    assert "FAIL: 0 of 1 test(s) passed in 1 file(s)" in result.stderr

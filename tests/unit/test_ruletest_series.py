@@ -17,7 +17,7 @@ from healer.ruletest.series import Series, SeriesError, expand_values, openmetri
         ("-2+4x3", [-2.0, 2.0, 6.0, 10.0]),
         ("1-1x3", [1.0, 0.0, -1.0, -2.0]),
         ("1x4", [1.0] * 5),  # axn: n + 1 times a
-        ("1 _x3 stale", [1.0, None, None, None, None]),  # _xn: n missing; stale: a gap
+        ("1 _x3", [1.0, None, None, None]),  # _xn: n missing
         ("1 2 _ 4", [1.0, 2.0, None, 4.0]),
         ("1e3 0.5", [1000.0, 0.5]),
     ],
