@@ -8,8 +8,9 @@ and the step waits on it; right after the uncordon the budget is loosened, so th
 watch wakes while it runs: a drain that read the node only when its step started evicts the rest.
 
 Real processes and services: `healer run` as the chart's ServiceAccount, KWOK nodes, a Deployment
-under a ``maxUnavailable: 1`` budget the disruption controller computes, a real Prometheus scraping the fleet simulator, a webhook receiver on
-loopback, SQLite. Evictions and their times come from the API server's audit log.
+under a ``maxUnavailable: 1`` budget the disruption controller computes, a real Prometheus
+scraping the fleet simulator, a webhook receiver on loopback, SQLite. Evictions and their times
+come from the API server's audit log.
 """
 
 from __future__ import annotations
