@@ -210,10 +210,13 @@ class LeaderElector:
                 renewed=now,
                 transitions=0,
             )
-            with api_call(f"create lease {self.namespace}/{self.name}"):
-                self.api.create_namespaced_lease(
-                    self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
-                )
+            def create() -> None:
+                with api_call(f"create lease {self.namespace}/{self.name}"):
+                    self.api.create_namespaced_lease(
+                        self.namespace, body, _request_timeout=self._timeout  # type: ignore[arg-type]
+                    )
+
+            self._write_or_find(body, create)
             self._observe(_record_of(body), now)
             return self._win(now, 0)
         spec = lease.spec or k8s.V1LeaseSpec()
@@ -233,9 +236,25 @@ class LeaderElector:
             lease, holder=self.identity, duration=self.duration_seconds, acquired=acquired, renewed=now,
             transitions=transitions,
         )  # fmt: skip
-        self._replace(body, "update")
+        self._write_or_find(body, lambda: self._replace(body, "update"))
         self._observe(_record_of(body), now)
         return self._win(now, transitions)
+
+    def _write_or_find(self, body: dict[str, Any], write: Callable[[], None]) -> None:
+        """``write`` the Lease ``body``; a 409 whose Lease now reads exactly as ``body`` was this
+        replica's own write, applied, whose answer was lost and which the HTTP client sent again:
+        that is success, not another replica's write.
+
+        Raises:
+            KubernetesConflict: another replica wrote the Lease first.
+        """
+        try:
+            write()
+        except KubernetesConflict:
+            spec = self._read().spec or k8s.V1LeaseSpec()
+            if _record(spec, spec.lease_duration_seconds or 0) != _record_of(body):
+                raise
+            log.info("lease %s/%s: a repeated write found this replica's own", self.namespace, self.name)
 
     def release(self, now: datetime | None = None) -> None:
         """Give the Lease up (clear ``holderIdentity``) if this replica holds it; errors are logged,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, assert_never
 
 from healer.actions.base import NodeActions
 from healer.actions.validation import Validator
@@ -164,6 +164,8 @@ def apply(
                         applied.done.append(Done("validation-cleanup", {"job": job}, status))
                 case lc.StartDrain() | lc.RequestTicket():
                     pass
+                case _:
+                    assert_never(effect)
         except KubernetesNotFound:
             raise
         except KubernetesError as exc:

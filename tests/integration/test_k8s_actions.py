@@ -593,6 +593,34 @@ class TestLease:
             for c in clients:
                 c.close()
 
+    def test_a_renewal_applied_whose_answer_was_lost_is_not_a_lost_lease(
+        self, emulator: KubernetesEmulator, k8s_api: ApiClient, k8s_settings: KubernetesSettings
+    ) -> None:
+        """The HTTP client sends a PUT again when its answer is lost; the API server, which applied
+        the first, answers the second 409. That is this replica's own write, not a rival's."""
+        a = LeaderElector(k8s_api, k8s_settings, identity="healer-a")
+        assert a.try_acquire_or_renew(T0)
+        real = a.api.replace_namespaced_lease
+
+        def applied_then_conflict(*args: Any, **kwargs: Any) -> Any:
+            real(*args, **kwargs)
+            raise ApiException(status=409, reason="Conflict")
+
+        a.api.replace_namespaced_lease = applied_then_conflict  # type: ignore[method-assign]
+        assert a.try_acquire_or_renew(T0 + timedelta(seconds=5))
+        assert a.still_leader(T0 + timedelta(seconds=14))
+        # A rival's write in between is a conflict that ends leadership.
+        b = LeaderElector(k8s_api, k8s_settings, identity="healer-b")
+        assert not b.try_acquire_or_renew(T0 + timedelta(seconds=20))  # b sees a's lease at 20
+
+        def rival_then_conflict(*args: Any, **kwargs: Any) -> Any:
+            a.api.replace_namespaced_lease = real  # type: ignore[method-assign]
+            assert b.try_acquire_or_renew(T0 + timedelta(seconds=40))  # b waited out the lease
+            raise ApiException(status=409, reason="Conflict")
+
+        a.api.replace_namespaced_lease = rival_then_conflict  # type: ignore[method-assign]
+        assert not a.try_acquire_or_renew(T0 + timedelta(seconds=6))
+
     @pytest.mark.parametrize("skew", [75, -90])
     def test_a_skewed_standby_neither_steals_nor_waits_longer(
         self,
