@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
 from healer.actions.validation import Validator
-from healer.clock import MonotonicClock
+from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
@@ -466,7 +466,9 @@ class Controller:
                 "interval",
                 seconds=seconds,
                 id=func.__name__,
-                next_run_time=started,
+                # APScheduler times its jobs on this machine's wall clock, not on the shared one
+                # (which may be minutes apart): "now" in its own terms runs them at once.
+                next_run_time=utc_now(),
                 misfire_grace_time=max(1, int(seconds)),
             )
         scheduler.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from tests.e2e.harness import World
 from tests.kube_cluster import ControlPlane
+from tests.services import PostgresServer
 
 
 @pytest.fixture
@@ -19,3 +21,12 @@ def world(tmp_path: Path, kube: ControlPlane, kube_healer_token: str) -> Iterato
         yield made
     finally:
         made.cleanup()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> Iterator[str]:
+    """An empty database of its own on the session's PostgreSQL server (healer migrates it)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    url = postgres.create_database(name)
+    yield url
+    postgres.drop_database(name)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,8 +381,16 @@ class World:
         path.write_text(yaml.safe_dump(deep_merge(base, extra)))
         return path
 
-    def start(self, config: Path, *, identity: str = "healer-e2e", log: str = "healer.log") -> Healer:
-        """Start ``healer run --upgrade-db`` as pod ``identity`` with its API on a free port."""
+    def start(
+        self,
+        config: Path,
+        *,
+        identity: str = "healer-e2e",
+        log: str = "healer.log",
+        wrapper: Sequence[str] = (),
+    ) -> Healer:
+        """Start ``healer run --upgrade-db`` as pod ``identity`` with its API on a free port,
+        under ``wrapper`` when given (``["faketime", "-f", "+90s"]``: a replica whose clock is off)."""
         port = free_port()
         env = {
             **os.environ,
@@ -394,7 +402,7 @@ class World:
         path = self.tmp_path / log
         with path.open("ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "healer", "--config", str(config), "run", "--upgrade-db"],
+                [*wrapper, sys.executable, "-m", "healer", "--config", str(config), "run", "--upgrade-db"],
                 stdout=out,
                 stderr=out,
                 env=env,

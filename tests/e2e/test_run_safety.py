@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,7 +22,7 @@ from healer.store import migrate
 from healer.store.models import Action, Node, Transition
 from tests.e2e.harness import World
 from tests.kube_proxy import api_proxy
-from tests.services import PostgresServer, wait_until
+from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -121,14 +119,6 @@ def test_kill_9_between_cordon_and_record_then_restart_releases_the_node(world: 
     assert len(releases) == 1 and releases[0].detail is not None
     assert releases[0].detail["interrupted"]["to"] == "quarantined"
     assert left is None
-
-
-@pytest.fixture
-def pg_url(postgres: PostgresServer) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    url = postgres.create_database(name)
-    yield url
-    postgres.drop_database(name)
 
 
 @pytest.mark.postgres
