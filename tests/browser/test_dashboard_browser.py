@@ -175,9 +175,12 @@ def test_operator_releases_the_node(dashboard: Dashboard, page: Page) -> None:
     page.get_by_role("button", name="Release").click()
 
     expect(page).to_have_url(f"{dashboard.url}/nodes/{NODE}?done=release")
-    expect(page.get_by_role("status")).to_contain_text("Node released")
-    expect(page.get_by_test_id("node-state")).to_have_text("validating")
-    expect(page.get_by_test_id("timeline")).to_contain_text("by alice: GPU 3 reseated")
+    # A request: the controller's next tick moves the node (one writer of node state).
+    expect(page.get_by_role("status")).to_contain_text("Release requested")
+    expect(page.get_by_test_id("node-state")).to_have_text("quarantined")
+    page.goto(f"{dashboard.url}/audit?kind=release")
+    expect(page.locator("main")).to_contain_text("pending")
+    expect(page.locator("main")).to_contain_text("GPU 3 reseated")
 
 
 def test_fleet_page_shows_attention_first_and_refreshes_in_place(

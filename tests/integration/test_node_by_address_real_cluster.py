@@ -238,7 +238,7 @@ def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
                     "breaker_nodes": 10,
                     "breaker_percent": 100,
                 },
-                "api": {"port": port},
+                "api": {"port": port, "anonymous_role": "viewer"},  # the page is read without a token
             }
         )
     )

@@ -397,7 +397,8 @@ class TestRealApp:
                     }
                 ],
                 "callback_secret_env": "TEST_CALLBACK_SECRET",
-            }
+            },
+            api={"anonymous_role": "viewer"},  # read every page without a token: none may leak it
         )
         ticket_id = new_ticket(session_factory)
         with httpx.Client() as client:
