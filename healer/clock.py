@@ -81,6 +81,7 @@ class SharedClock:
         self._anchor: datetime | None = None
         self._anchor_mono = 0.0
         self._failing = False
+        self._syncing = False
 
     @property
     def synced(self) -> bool:
@@ -88,13 +89,23 @@ class SharedClock:
         return self._anchor is not None
 
     def __call__(self) -> datetime:
+        mono = self._monotonic()
         with self._lock:
-            mono = self._monotonic()
-            if self._anchor is None or mono - self._anchor_mono >= self._resync:
+            due = not self._syncing and (self._anchor is None or mono - self._anchor_mono >= self._resync)
+            self._syncing = self._syncing or due
+        if due:
+            # Read outside the lock: a database slow to answer holds up this caller only; the
+            # others go on from the last reading meanwhile.
+            try:
                 self._sync(mono)
-            if self._anchor is None:
-                return self._fallback()
-            return self._anchor + timedelta(seconds=self._monotonic() - self._anchor_mono)
+            finally:
+                with self._lock:
+                    self._syncing = False
+        with self._lock:
+            anchor, anchor_mono = self._anchor, self._anchor_mono
+        if anchor is None:
+            return self._fallback()
+        return anchor + timedelta(seconds=self._monotonic() - anchor_mono)
 
     def _sync(self, before: float) -> None:
         try:
@@ -108,4 +119,5 @@ class SharedClock:
         if self._failing:
             log.info("shared clock: reading the reference time again")
         self._failing = False
-        self._anchor, self._anchor_mono = at.astimezone(UTC), mono
+        with self._lock:
+            self._anchor, self._anchor_mono = at.astimezone(UTC), mono
