@@ -244,7 +244,7 @@ def test_series_with_only_instance_fire_on_their_nodes(scene: Scene, kube_healer
     )
 
 
-def test_evaluate_once_reports_degraded_and_exits_2(scene: Scene, tmp_path: Path) -> None:
+def test_evaluate_once_and_backtest_report_degraded_and_exit_2(scene: Scene, tmp_path: Path) -> None:
     gpu_rules = _gpu_rule_file(tmp_path / "gpu.yaml")
     env = {
         **os.environ,
@@ -255,9 +255,11 @@ def test_evaluate_once_reports_degraded_and_exits_2(scene: Scene, tmp_path: Path
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    def cli(
+        *args: str, command: tuple[str, ...] = ("evaluate", "--once", "--no-store")
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "healer", "evaluate", "--once", "--no-store", *args],
+            [sys.executable, "-m", "healer", *command, *args],
             env=env,
             capture_output=True,
             text=True,
@@ -291,6 +293,15 @@ def test_evaluate_once_reports_degraded_and_exits_2(scene: Scene, tmp_path: Path
     assert f"{RULE}: 1 series, e.g. instance={scene.instances['nowhere']}" in table.stdout
     assert f"{GPU_RULE}: 1 series, e.g. instance={scene.instances['nameless']}" in table.stdout
     assert f"1 series that name no node (Hostname {scene.nameless!r} names no Node" in table.stdout
+
+    # The backtest resolves as evaluate does (the cluster of now): same rules degraded, same reason.
+    env["HEALER_DATABASE__URL"] = "sqlite://"
+    replayed = cli("-o", "json", command=("backtest", "--from", "-1m", "--to", "now", "--step", "5s"))
+    assert replayed.returncode == 2, replayed.stderr
+    rules = {r["rule"]: r for r in json.loads(replayed.stdout[replayed.stdout.index("{") :])["rules"]}
+    assert {name for name, r in rules.items() if r["unresolved"]} == {RULE, GPU_RULE}
+    assert rules[GPU_RULE]["unresolved"]["why"] == gpu["unresolved"]["why"]
+    assert rules[GPU_RULE]["unresolved"]["series"] == 1
 
 
 def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
