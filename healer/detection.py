@@ -4,8 +4,8 @@
 
     source.query(rule.expr, at=now)  once per rule, at most ``concurrency`` at a time,
                                      within the tick's deadline
-        → addresses()          once, only when a series names no node (its `instance` host is
-                               looked up among the cluster's Node and exporter pod addresses)
+        → addresses()          once, only when some rule returned series: the cluster's Node and
+                               exporter pod names and addresses, which check each series' node
         → evaluate(ruleset, results, previous state, now)      (pure)
         → record_reports + record_changes                      (one transaction)
         → DetectionResult(findings for the lifecycle, state for the next tick, ...)
@@ -108,8 +108,10 @@ def run_detection(
     ``concurrency``: how many queries may be in flight at once (1 = one after another).
 
     ``addresses``: reads the cluster's address book (the Kubernetes adapter); called at most once,
-    and only when some series names no node by its labels. A failure (``HealerError``) is reported
-    in those rules' unresolved series. None = series without a node label stay unresolved.
+    and only when some rule returned series: it checks each series' node label and names the node
+    of those without one (:meth:`~healer.model.addresses.AddressBook.resolve`). A failure
+    (``HealerError``) leaves node labels as they are and is reported in the unresolved series of
+    those without one. None = node labels as they are, series without one unresolved.
 
     Source failures never raise: they become unavailable/error reports and frozen rules.
     Database errors (SQLAlchemy) propagate: the tick owns that boundary.

@@ -8,7 +8,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     engine, sessions    the configured database (``database`` also checks or migrates the schema)
     prometheus_source   the detection source
     node_actions        the Kubernetes adapter, or its dry-run recorder
-    address_lookup      the cluster's node and exporter pod addresses (series without a node label)
+    address_lookup      the cluster's Node and exporter pod names and addresses (a series' node)
     gpu_isolation       single GPUs out (DRA DeviceTaintRule or node annotation), or its recorder
     quota_sync          the Kueue quota sync (``kueue.enabled``), or its dry-run recorder
     dashboard           the FastAPI app with its chart source, metrics and clock
@@ -172,8 +172,8 @@ def node_actions(
 
 def address_lookup(settings: Settings) -> Callable[[], AddressBook]:
     """Reads the cluster's address book (:class:`~healer.actions.addresses.KubernetesAddresses`)
-    for ``healer evaluate``: the Kubernetes configuration is loaded at the first call, so a rule
-    set whose series all carry a node label needs no cluster. Raises ``ConfigError`` (no usable
+    for ``healer evaluate`` and ``healer backtest``: the Kubernetes configuration is loaded at the
+    first call, so a tick whose rules return no series needs no cluster. Raises ``ConfigError`` (no usable
     configuration) or ``KubernetesError`` from the call."""
     from healer.actions.addresses import KubernetesAddresses
     from healer.actions.kubernetes import make_api_client

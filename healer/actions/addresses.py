@@ -1,10 +1,11 @@
-"""Where series without a node label come from: the cluster's node and exporter pod addresses.
+"""Which node a series names: the cluster's Nodes and exporter pods, their names and addresses.
 
-A narrow read for detection (:mod:`healer.model.addresses` does the mapping): one list of Nodes
-(their ``InternalIP`` and ``Hostname`` addresses) and one list of the exporter pods matching
-``kubernetes.exporter_pod_selector`` in all namespaces (their ``status.podIPs`` and
-``spec.nodeName``). Pods that finished (``Succeeded``, ``Failed``) are left out: their IP may
-already belong to another pod. The ClusterRole's ``list`` on nodes and pods covers both.
+A narrow read for detection (:mod:`healer.model.addresses` does the resolution): one list of Nodes
+(their names, ``InternalIP`` and ``Hostname`` addresses) and one list of the exporter pods matching
+``kubernetes.exporter_pod_selector`` in all namespaces (their names, ``status.podIPs`` and
+``spec.nodeName``: dcgm-exporter's ``Hostname`` label is its pod's name). Pods that finished
+(``Succeeded``, ``Failed``) are left out: their IP may already belong to another pod. The
+ClusterRole's ``list`` on nodes and pods covers both.
 
 Errors: :class:`healer.errors.KubernetesError` (via :func:`~healer.actions.apierrors.api_call`).
 """
@@ -24,7 +25,8 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 class KubernetesAddresses:
-    """Reads the :class:`AddressBook` from the cluster: two list calls per :meth:`address_book`.
+    """Reads the :class:`AddressBook` from the cluster: two list calls per :meth:`address_book`
+    (one when ``exporter_pod_selector`` is empty).
 
     Args:
         api_client: an official-client ``ApiClient``; not closed here.
@@ -37,7 +39,7 @@ class KubernetesAddresses:
         self._timeout = settings.request_timeout_seconds
 
     def address_book(self) -> AddressBook:
-        """Every node's addresses and the exporter pods' IPs, read now.
+        """Every node's name and addresses and the exporter pods' names, nodes and IPs, read now.
 
         Raises:
             KubernetesError: a list call failed.
@@ -52,6 +54,7 @@ class KubernetesAddresses:
             found = (node.status.addresses if node.status else None) or []
             nodes.append((name, [a.address for a in found if a.type in NODE_ADDRESS_TYPES and a.address]))
         pods: list[tuple[str, list[str]]] = []
+        pod_names: list[tuple[str, str]] = []
         if self.selector:
             with api_call(f"list pods ({self.selector})"):
                 pod_list = self.core.list_pod_for_all_namespaces(
@@ -65,4 +68,6 @@ class KubernetesAddresses:
                     [status.pod_ip] if status.pod_ip else []
                 )
                 pods.append((spec.node_name, ips))
-        return build_address_book(nodes=nodes, pods=pods)
+                if pod.metadata is not None and pod.metadata.name:
+                    pod_names.append((pod.metadata.name, spec.node_name))
+        return build_address_book(nodes=nodes, pods=pods, pod_names=pod_names)

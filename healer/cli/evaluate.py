@@ -2,12 +2,13 @@
 
 Exit status: 0 every rule evaluated; 1 the source was unavailable for at least one rule (timeout,
 5xx, transport error, deadline); 2 bad settings, rules or database, or a rule is degraded (some of
-its series name no node: no node label, and their ``instance`` address is no Node's and no exporter
-pod's); 3 a rule is broken (the source refused its PromQL).
+its series name no node: no node label naming a Node or an exporter pod, and their ``instance``
+address is no Node's and no exporter pod's); 3 a rule is broken (the source refused its PromQL).
 
-Series without a node label are looked up by their ``instance`` address in the cluster (Node
-InternalIP, exporter pod IPs; :mod:`healer.model.addresses`), with the configured kubeconfig or
-in-cluster account, and only when such series exist.
+Which node a series names is checked in the cluster (Node names, exporter pod names and IPs, Node
+InternalIPs; :mod:`healer.model.addresses` has the order), with the configured kubeconfig or
+in-cluster account, and only when some rule returns series. Without a readable cluster a node
+label's value is taken as it is.
 """
 
 from __future__ import annotations
@@ -180,7 +181,10 @@ def as_table(result: DetectionResult) -> str:
 
 
 #: Above the rules some of whose series name no node (``healer evaluate`` and ``healer backtest``).
-DEGRADED = "degraded: series that name no node act on nothing; give them a node label or an address:"
+DEGRADED = (
+    "degraded: series that name no node act on nothing; give them a node label naming their Node "
+    "or exporter pod, or an address:"
+)
 
 
 def degraded_line(rule: str, how_many: str, instance: str | None) -> str:

@@ -142,7 +142,8 @@ class Controller:
     #: Every node → its labels (for rules naming their pool by node labels), or None.
     node_labels: Callable[[], dict[str, dict[str, str]] | None] = lambda: None
     owned: Callable[[], list[NodeView]] = list
-    #: The cluster's node and exporter pod addresses, for series without a node label; None = none.
+    #: The cluster's node and exporter pod names and addresses, which check the node each series
+    #: names (and name it by ``instance`` when it has no node label); None = labels as they are.
     addresses: Callable[[], AddressBook] | None = None
     validator: Validator | None = None  # validation Jobs (validation.enabled; recorded only in dry-run)
     #: The Kueue quota sync (``kueue.enabled``), run by its own job; None: off.

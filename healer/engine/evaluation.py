@@ -20,10 +20,14 @@ returned. The semantics are Prometheus's alerting rules (prometheus/prometheus `
   vanished keeps its state: an exporter that stops reporting is not a recovery.
 - Label values are untrusted: NUL and invalid text are replaced and an overlong node name is
   clipped (:mod:`healer.engine.labels`); such series still count and are reported per rule.
-- A series none of whose rule's ``node_labels`` is set is named by its ``instance`` address
-  when an :class:`~healer.model.addresses.AddressBook` is given (a Node's InternalIP, an exporter
-  pod's IP: node_exporter carries no node label). Series that still name no node are counted and
-  reported per rule with an example, and make the rule's health ``degraded``: never a silent ok.
+- Which node a series names: with an :class:`~healer.model.addresses.AddressBook` read from the
+  cluster, a node label's value counts only when it is a Node's name, or an exporter pod's name
+  (that pod's node: dcgm-exporter's ``Hostname`` is its pod's name); else the ``instance``
+  address names it (a Node's InternalIP, an exporter pod's IP: node_exporter carries no node
+  label). :meth:`~healer.model.addresses.AddressBook.resolve` has the order. Without a book (or
+  one the cluster could not fill) a node label's value is taken as it is. Series that still name
+  no node are counted and reported per rule with an example and the reason, make the rule's
+  health ``degraded`` (never a silent ok), and are never findings: nothing acts on them.
 
 - Alerts mode (``QueryResult.judged``): Prometheus evaluated the rule and judged each series
   itself; a series it reports ``firing`` has met its ``for``, a pending one has not, and one it
@@ -50,7 +54,7 @@ from enum import StrEnum
 
 from healer.engine.labels import MAX_NODE_NAME, clean_labels, clean_node_name
 from healer.errors import QueryError, SourceError
-from healer.model.addresses import INSTANCE_LABEL, AddressBook
+from healer.model.addresses import AddressBook
 from healer.model.findings import Finding, TickFindings, UnresolvedSeries
 from healer.model.states import FindingState, RuleHealth
 from healer.ruleset.schema import Rule, RuleSet
@@ -140,7 +144,8 @@ class RuleReport:
     but ``unresolved`` series name no node); error (the rule is
     broken: bad PromQL, duplicate label sets) with ``error``; unavailable (source failed or the
     tick deadline passed) with ``error``. ``by_address`` counts the series named by their
-    ``instance`` address rather than a node label. ``cleaned`` counts the series whose label values had
+    ``instance`` address rather than a node label, ``by_pod`` those whose node label named an
+    exporter pod (the series is that pod's node's). ``cleaned`` counts the series whose label values had
     to be cleaned (:mod:`healer.engine.labels`) and are evaluated anyway. ``series`` counts the
     samples returned; ``pending`` and ``firing`` the rule's episodes after the tick;
     ``duration_seconds`` is the caller's measure of the query (wall clock, seconds).
@@ -160,6 +165,7 @@ class RuleReport:
     unresolved: UnresolvedSeries | None = None
     cleaned: int = 0
     by_address: int = 0
+    by_pod: int = 0
 
     @property
     def frozen(self) -> bool:
@@ -208,15 +214,13 @@ def node_of(labels: Mapping[str, str], node_labels: Iterable[str]) -> str | None
 
 
 def needs_addresses(ruleset: RuleSet, results: Mapping[str, QueryResult | SourceError]) -> bool:
-    """Whether any rule's result holds a series none of its ``node_labels`` names: only then is
-    the cluster's address book worth reading this tick."""
-    for rule in ruleset.rules:
-        outcome = results.get(rule.name)
-        if isinstance(outcome, QueryResult) and any(
-            node_of(s.labels, rule.node_labels) is None for s in outcome.samples
-        ):
-            return True
-    return False
+    """Whether any rule's result holds a series, whose node the cluster's address book then
+    checks: only then is the book worth reading this tick (a quiet fleet's rules return none)."""
+    return any(
+        isinstance(outcome, QueryResult) and outcome.samples
+        for rule in ruleset.rules
+        if (outcome := results.get(rule.name)) is not None
+    )
 
 
 def evaluate(
@@ -241,8 +245,10 @@ def evaluate(
         durations: rule name → seconds its query took (for the reports); missing = 0.
         not_due: rules whose group is not due this tick (group ``interval``): not queried, their
             state carried over unchanged (still in the findings), no report.
-        addresses: names the node of a series without a node label by its ``instance`` host;
-            None = not looked up (such series are unresolved).
+        addresses: checks a series' node label against the cluster's Nodes and exporter pods and
+            names the node of a series without one by its ``instance`` host
+            (:meth:`~healer.model.addresses.AddressBook.resolve`); None = not looked up (a node
+            label's value is taken as it is; series without one are unresolved).
 
     Series of rules no longer in ``ruleset`` are closed (resolved or dropped) so their rows do not
     stay open forever.
@@ -359,14 +365,20 @@ def _step_rule(
     current: dict[str, tuple[dict[str, str], float, str, AlertState | None]] = {}
     no_node: list[dict[str, str]] = []
     cleaned: list[dict[str, str]] = []
-    by_address = 0
+    no_node_why: str | None = None
+    by_address = by_pod = 0
     for sample in outcome.samples:
         raw = {k: v for k, v in sample.labels.items() if k != "__name__"}
         labels, changed = clean_labels(raw)
-        raw_node = node_of(labels, rule.node_labels)
-        if raw_node is None and addresses is not None:
-            raw_node = addresses.node_for(labels.get(INSTANCE_LABEL))
-            by_address += raw_node is not None
+        if addresses is None:
+            raw_node = node_of(labels, rule.node_labels)
+        else:
+            resolved = addresses.resolve(labels, rule.node_labels)
+            raw_node = resolved.node
+            by_address += resolved.by == "address"
+            by_pod += resolved.by == "pod"
+            if raw_node is None and not no_node:
+                no_node_why = resolved.why
         if raw_node is None:
             no_node.append(labels)
             continue
@@ -389,7 +401,7 @@ def _step_rule(
             count=len(no_node),
             node_labels=rule.node_labels,
             example=no_node[0],
-            why=addresses.why_not(no_node[0].get(INSTANCE_LABEL)) if addresses is not None else None,
+            why=no_node_why,
         )
         if no_node
         else None
@@ -482,6 +494,7 @@ def _step_rule(
         unresolved=unresolved,
         cleaned=len(cleaned),
         by_address=by_address,
+        by_pod=by_pod,
     )
 
 

@@ -186,9 +186,9 @@ class Replay:
 
         A rule missing from ``results`` is frozen for the tick (as a query the deadline cut off).
         ``fleet`` names nodes known to exist at ``at`` (they size the budget and the breaker).
-        ``addresses`` names the node of a series without a node label by its ``instance``, as in
-        :func:`~healer.engine.evaluation.evaluate`; series that still name no node are tallied
-        (:attr:`ReplayResult.unresolved`).
+        ``addresses`` checks each series' node label and names the node of one without by its
+        ``instance``, as in :func:`~healer.engine.evaluation.evaluate`; series that still name no
+        node are tallied (:attr:`ReplayResult.unresolved`).
         """
         self._start = self._start or at
         self._end = at

@@ -89,11 +89,12 @@ class TickFindings:
 @dataclass(frozen=True)
 class UnresolvedSeries:
     """Series of one rule whose node could not be named in one tick: none of ``node_labels`` is
-    set, and their ``instance`` address is no node's (:mod:`healer.model.addresses`).
+    set, or (checked against the cluster) their values name no Node and no exporter pod, and
+    their ``instance`` address is no node's (:mod:`healer.model.addresses`).
 
-    They are reported (the rule's health is ``degraded``), never silently dropped: a rule that
-    names no node finds nothing. ``example`` is the label set of one of them; ``why`` says why its
-    address named no node (None when addresses were not looked up).
+    They are reported (the rule's health is ``degraded``), never silently dropped, and never acted
+    on: a rule that names no node finds nothing. ``example`` is the label set of one of them;
+    ``why`` says why it named no node (None when the cluster was not looked up).
     """
 
     rule: str
@@ -107,7 +108,14 @@ class UnresolvedSeries:
         """The example's ``instance`` label (the scrape address), if it has one."""
         return self.example.get("instance")
 
+    @property
+    def labelled(self) -> bool:
+        """Whether the example carries a node label (whose value named no node)."""
+        return any(self.example.get(name) for name in self.node_labels)
+
     def __str__(self) -> str:
+        if self.labelled and self.why:
+            return f"{self.count} series that name no node ({self.why}), e.g. {self.example}"
         tried = ", ".join(self.node_labels)
         text = f"{self.count} series without a node label (tried {tried}"
         text += f", then the instance address: {self.why})" if self.why else ")"

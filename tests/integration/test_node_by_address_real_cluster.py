@@ -1,6 +1,6 @@
-"""Series with only `instance` named by the cluster's addresses: a real Prometheus scraping the real
-node_exporter (Debian's, on a fake sysfs) with no node label, resolved against the real control
-plane (tests/kube_cluster.py) as healer's ServiceAccount under the chart's ClusterRole.
+"""Which node a series names, checked against the real control plane (tests/kube_cluster.py) as
+healer's ServiceAccount under the chart's ClusterRole, with a real Prometheus scraping the real
+node_exporter (Debian's, on a fake sysfs) with no node label, and a static dcgm-exporter page.
 
 node_exporter adds no node label and the node-exporter chart adds no relabeling, so a series says
 only ``instance="<pod or host IP>:9100"`` (reference: exporters-real.md). The one node_exporter is
@@ -11,12 +11,22 @@ scraped three times under three ``instance`` values, as three nodes' exporters w
 - ``10.99.<n>.1:9100``: an address no Node and no exporter pod has: the rule is degraded, and
   ``healer evaluate --once`` says so and exits 2.
 
-Then ``healer run`` (acting, not dry-run) quarantines the two resolved nodes on the real control
-plane, and its ``/metrics`` and Rules page say the rule is degraded.
+dcgm-exporter's ``Hostname`` label holds its own pod's name, not the node's. The page is scraped
+twice, at addresses no pod or node has:
+
+- ``Hostname="dcgm-exporter-<tag>"``: a pod of that name (the settings' exporter selector) bound to a
+  third KWOK node: the series is that node's;
+- ``Hostname="dcgm-exporter-zz<tag>"``: names no Node and no pod: unresolved, with the reason, and
+  nothing acts on it.
+
+Then ``healer run`` (acting, not dry-run) quarantines the three resolved nodes on the real control
+plane, records nothing about the name that is no node, and its ``/metrics`` and Rules page say the
+rules are degraded.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -40,8 +50,9 @@ from healer.detection import initial_state as no_state
 from healer.detection import run_detection
 from healer.model.states import RuleHealth
 from healer.ruleset.loading import load_ruleset
-from healer.ruleset.schema import RuleSet
+from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.prometheus import PrometheusSource
+from tests.exposition import Pages, serve
 from tests.helm import NAMESPACE
 from tests.kube_cluster import ControlPlane
 from tests.node_exporter import node_exporter
@@ -51,7 +62,17 @@ pytestmark = pytest.mark.prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 RULE = "InfinibandPortNotActive"
-SELECTOR = "app.kubernetes.io/name=prometheus-node-exporter"
+SELECTOR = KubernetesSettings().exporter_pod_selector  # the default: node-exporter and dcgm-exporter
+GPU_RULE = "GpuTooHot"
+#: The pack's GpuTooHot keeps no ``instance``; this one does, so the reason can name the address.
+GPU_RULE_BODY = {
+    "name": GPU_RULE,
+    "expr": "max by (Hostname, gpu, UUID, instance) (DCGM_FI_DEV_GPU_TEMP) > 78",
+    "for": "5m",
+    "severity": "critical",
+    "annotations": {"summary": "GPU {{ $labels.gpu }} at {{ $value }} C"},
+}
+DCGM_PAGE = 'DCGM_FI_DEV_GPU_TEMP{{gpu="0",UUID="GPU-{uuid}",Hostname="{hostname}"}} 91\n'
 
 
 @dataclass
@@ -61,11 +82,27 @@ class Scene:
     podnet_node: str  # named by its node-exporter pod's IP
     instances: dict[str, str]  # role -> instance label value
     kubeconfig: Path
+    dcgm_node: str  # named by its dcgm-exporter pod's name in Hostname
+    dcgm_pod: str
+    nameless: str  # a Hostname that names no Node and no pod
+
+    @property
+    def nodes(self) -> set[str]:
+        return {self.hostnet_node, self.podnet_node, self.dcgm_node}
 
 
 def _ruleset() -> RuleSet:
     pack = load_ruleset([REPO / "rules"])
-    return RuleSet(groups=tuple(g for g in pack.groups if g.name == "infiniband"), sources=pack.sources)
+    gpu = RuleGroup(name="gpu", rules=[Rule.model_validate(GPU_RULE_BODY)])
+    ib = tuple(g for g in pack.groups if g.name == "infiniband")
+    return RuleSet(groups=(*ib, gpu), sources=pack.sources)
+
+
+def _gpu_rule_file(path: Path, **overrides: object) -> Path:
+    path.write_text(
+        yaml.safe_dump({"groups": [{"name": "gpu", "interval": "2s", "rules": [GPU_RULE_BODY | overrides]}]})
+    )
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +111,9 @@ def scene(
 ) -> Iterator[Scene]:
     tag = uuid.uuid4().hex[:6]
     octet = int(tag[:2], 16)  # apart from other modules' addresses on the same control plane
-    hostnet, podnet = f"ib-host-{tag}", f"ib-pod-{tag}"
-    kube.add_nodes([hostnet, podnet])
+    hostnet, podnet, dcgm_node = f"ib-host-{tag}", f"ib-pod-{tag}", f"gpu-dcgm-{tag}"
+    dcgm_pod, nameless = f"dcgm-exporter-{tag}", f"dcgm-exporter-zz{tag}"
+    kube.add_nodes([hostnet, podnet, dcgm_node])
     with kube.admin_client() as api:
         core = k8s.CoreV1Api(api)
         internal = f"10.77.{octet}.5"
@@ -101,6 +139,15 @@ def scene(
             ),
         )
         core.create_namespaced_pod("default", pod)
+        exporter = k8s.V1Pod(  # as the dcgm-exporter chart's DaemonSet makes them
+            metadata=k8s.V1ObjectMeta(name=dcgm_pod, labels={"app.kubernetes.io/name": "dcgm-exporter"}),
+            spec=k8s.V1PodSpec(
+                node_name=dcgm_node,
+                containers=[k8s.V1Container(name="exporter", image="nvcr.io/nvidia/k8s/dcgm-exporter")],
+                termination_grace_period_seconds=0,
+            ),
+        )
+        core.create_namespaced_pod("default", exporter)
         running = wait_until(
             lambda: (p := core.read_namespaced_pod(pod.metadata.name, "default")).status.pod_ip and p,
             timeout=60,
@@ -117,25 +164,38 @@ def scene(
         "hostnet": f"{internal}:9100",
         "podnet": f"{pod_ip}:9100",
         "nowhere": f"10.99.{octet}.1:9100",
+        "dcgm": f"10.98.{octet}.2:9400",  # scraped through an address no pod or node has
+        "nameless": f"10.98.{octet}.1:9400",
     }
-    with node_exporter() as ib:
+    pages = Pages(
+        {
+            "/dcgm": DCGM_PAGE.format(uuid=tag, hostname=dcgm_pod),
+            "/nameless": DCGM_PAGE.format(uuid=f"{tag}-2", hostname=nameless),
+        }
+    )
+    with node_exporter() as ib, serve(pages) as dcgm:
         ib.sysfs.add_hca("mlx5_0")
         ib.sysfs.set_state("mlx5_0", 1)  # port DOWN on every "node": InfinibandPortNotActive fires
         targets = [
-            ScrapeTarget(ib.address, labels={"instance": value}, job="node-exporter")
-            for value in instances.values()
+            ScrapeTarget(ib.address, labels={"instance": instances[role]}, job="node-exporter")
+            for role in ("hostnet", "podnet", "nowhere")
+        ] + [
+            ScrapeTarget(dcgm, metrics_path=f"/{role}", labels={"instance": instances[role]}, job="dcgm")
+            for role in ("dcgm", "nameless")
         ]
         with prometheus_server(targets) as prom:
-            prom.wait_for_targets_up(3)
+            prom.wait_for_targets_up(5)
             prom.wait_for_samples("count(node_infiniband_state_id) == 3")
+            prom.wait_for_samples("count(DCGM_FI_DEV_GPU_TEMP) == 2")
             kubeconfig = kube.kubeconfig(
                 kube_healer_token, tmp_path_factory.mktemp("kube") / "healer.kubeconfig"
             )
-            yield Scene(prom, hostnet, podnet, instances, kubeconfig)
+            yield Scene(prom, hostnet, podnet, instances, kubeconfig, dcgm_node, dcgm_pod, nameless)
     with kube.admin_client() as api:
         core = k8s.CoreV1Api(api)
-        core.delete_namespaced_pod(f"node-exporter-{tag}", "default", grace_period_seconds=0)
-        for name in (hostnet, podnet):
+        for name in (f"node-exporter-{tag}", dcgm_pod):
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        for name in (hostnet, podnet, dcgm_node):
             core.delete_node(name)
 
 
@@ -165,20 +225,41 @@ def test_series_with_only_instance_fire_on_their_nodes(scene: Scene, kube_healer
     assert (report.unresolved.count, report.unresolved.example_instance) == (1, scene.instances["nowhere"])
     assert f"no exporter pod IP is {scene.instances['nowhere'].split(':')[0]}" in str(report.unresolved)
 
+    # dcgm-exporter's Hostname is its pod's name: the series is the pod's node's.
+    gpu = {r.rule: r for r in result.reports}[GPU_RULE]
+    hot = {
+        node: [f.labels["Hostname"] for f in fs if f.rule == GPU_RULE]
+        for node, fs in result.findings.pending.items()
+    }
+    assert hot[scene.dcgm_node] == [scene.dcgm_pod]
+    assert (gpu.by_pod, gpu.by_address) == (1, 0)
+    # A Hostname that names no Node and no pod, at an unknown address: reported, no finding.
+    assert set(result.findings.pending) == scene.nodes
+    assert gpu.health == RuleHealth.DEGRADED
+    assert gpu.unresolved is not None
+    assert gpu.unresolved.count == 1
+    assert gpu.unresolved.why == (
+        f"Hostname {scene.nameless!r} names no Node and no exporter pod; "
+        f"instance {scene.instances['nameless']} matches no pod or node address"
+    )
 
-def test_evaluate_once_reports_degraded_and_exits_2(scene: Scene) -> None:
+
+def test_evaluate_once_and_backtest_report_degraded_and_exit_2(scene: Scene, tmp_path: Path) -> None:
+    gpu_rules = _gpu_rule_file(tmp_path / "gpu.yaml")
     env = {
         **os.environ,
         "HEALER_PROMETHEUS__URL": scene.prom.url,
-        "HEALER_RULES_PATHS": json.dumps([str(REPO / "rules" / "infiniband.yaml")]),
+        "HEALER_RULES_PATHS": json.dumps([str(REPO / "rules" / "infiniband.yaml"), str(gpu_rules)]),
         "HEALER_KUBERNETES__KUBECONFIG": str(scene.kubeconfig),
         "HEALER_KUBERNETES__EXPORTER_POD_SELECTOR": SELECTOR,
     }
     env.pop("KUBERNETES_SERVICE_HOST", None)
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    def cli(
+        *args: str, command: tuple[str, ...] = ("evaluate", "--once", "--no-store")
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "healer", "evaluate", "--once", "--no-store", *args],
+            [sys.executable, "-m", "healer", *command, *args],
             env=env,
             capture_output=True,
             text=True,
@@ -197,12 +278,30 @@ def test_evaluate_once_reports_degraded_and_exits_2(scene: Scene) -> None:
         1,
         scene.instances["nowhere"],
     )
+    assert [f["node"] for f in out["findings"] if f["rule"] == GPU_RULE] == [scene.dcgm_node]
+    gpu = next(r for r in out["rules"] if r["rule"] == GPU_RULE)
+    assert gpu["health"] == "degraded"
+    assert gpu["unresolved"]["example"]["Hostname"] == scene.nameless
+    assert gpu["unresolved"]["why"].startswith(
+        f"Hostname {scene.nameless!r} names no Node and no exporter pod"
+    )
 
     table = cli()
     assert table.returncode == 2, table.stderr
     line = next(x for x in table.stdout.splitlines() if x.startswith(RULE))
     assert line.split()[2] == "degraded"
     assert f"{RULE}: 1 series, e.g. instance={scene.instances['nowhere']}" in table.stdout
+    assert f"{GPU_RULE}: 1 series, e.g. instance={scene.instances['nameless']}" in table.stdout
+    assert f"1 series that name no node (Hostname {scene.nameless!r} names no Node" in table.stdout
+
+    # The backtest resolves as evaluate does (the cluster of now): same rules degraded, same reason.
+    env["HEALER_DATABASE__URL"] = "sqlite://"
+    replayed = cli("-o", "json", command=("backtest", "--from", "-1m", "--to", "now", "--step", "5s"))
+    assert replayed.returncode == 2, replayed.stderr
+    rules = {r["rule"]: r for r in json.loads(replayed.stdout[replayed.stdout.index("{") :])["rules"]}
+    assert {name for name, r in rules.items() if r["unresolved"]} == {RULE, GPU_RULE}
+    assert rules[GPU_RULE]["unresolved"]["why"] == gpu["unresolved"]["why"]
+    assert rules[GPU_RULE]["unresolved"]["series"] == 1
 
 
 def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
@@ -216,6 +315,7 @@ def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
         if rule["name"] == RULE:  # acted on at once, quarantine only (no drain, no ticket)
             only["groups"][0]["rules"].append({**rule, "for": "0s", "actions": ["quarantine"]})
     (rules / "ib.yaml").write_text(yaml.safe_dump(only))
+    _gpu_rule_file(rules / "gpu.yaml", **{"for": "0s", "actions": ["quarantine"]})
     port = free_port()
     config = tmp_path / "healer.yaml"
     config.write_text(
@@ -257,9 +357,9 @@ def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
         def cordoned() -> bool:
             if process.poll() is not None:
                 raise AssertionError(f"healer run exited {process.returncode}:\n{log.read_text()[-3000:]}")
-            return all(core.read_node(n).spec.unschedulable for n in (scene.hostnet_node, scene.podnet_node))
+            return all(core.read_node(n).spec.unschedulable for n in scene.nodes)
 
-        wait_until(cordoned, timeout=90, what="both resolved nodes cordoned by healer run")
+        wait_until(cordoned, timeout=90, what="the three resolved nodes cordoned by healer run")
         base = f"http://127.0.0.1:{port}"
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
         samples = dict(re.findall(r"^(\S+) (\S+)$", metrics, flags=re.M))
@@ -268,11 +368,23 @@ def test_healer_run_quarantines_the_nodes_it_resolved_and_reports_the_rest(
         assert (
             samples[f'healer_rule_unresolved_series{{example_instance="{nowhere}",rule="{RULE}"}}'] == "1.0"
         )
+        nameless = scene.instances["nameless"]
+        assert (
+            samples[f'healer_rule_unresolved_series{{example_instance="{nameless}",rule="{GPU_RULE}"}}']
+            == "1.0"
+        )
+        assert samples[f'healer_rule_health{{health="degraded",rule="{GPU_RULE}"}}'] == "1.0"
         page = httpx.get(f"{base}/rules", timeout=10).text
         assert '<span class="health health-degraded">degraded</span>' in page
         assert "1 series without a node label" in page
+        assert f"1 series that name no node (Hostname {scene.nameless!r}" in html.unescape(page)
+        # The name that is no node became no finding and no node of healer's.
+        findings = httpx.get(f"{base}/api/v1/findings", timeout=10).json()["items"]
+        assert {f["node_name"] for f in findings} == scene.nodes
+        listed = {n["name"] for n in httpx.get(f"{base}/api/v1/nodes", timeout=10).json()["items"]}
+        assert scene.nameless not in listed and scene.dcgm_pod not in listed
     finally:
         process.terminate()
         process.wait(timeout=30)
-        for name in (scene.hostnet_node, scene.podnet_node):
+        for name in scene.nodes:
             core.patch_node(name, {"spec": {"unschedulable": False}})
