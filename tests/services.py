@@ -98,6 +98,23 @@ class PostgresServer:
             c.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         return self.url(name)
 
+    def restart(self) -> None:
+        """Crash the server (``pg_ctl stop -m immediate``: connections cut, no clean shutdown) and
+        start it again on the same port and data; returns once it accepts connections."""
+        ctl = str(self.bindir / "pg_ctl")
+        subprocess.run(
+            _as_postgres([ctl, "-D", str(self.datadir), "-m", "immediate", "-w", "stop"]),
+            check=True,
+            capture_output=True,
+        )
+        opts = _server_options(self.port, self.datadir.parent)
+        log = str(self.datadir.parent / "log")
+        subprocess.run(
+            _as_postgres([ctl, "-D", str(self.datadir), "-o", opts, "-l", log, "-w", "start"]),
+            check=True,
+            capture_output=True,
+        )
+
     def drop_database(self, name: str) -> None:
         import psycopg
 
@@ -105,6 +122,11 @@ class PostgresServer:
             f"host=127.0.0.1 port={self.port} user={self.user} dbname=postgres", autocommit=True
         ) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _server_options(port: int, base: Path) -> str:
+    """The throwaway server's options: loopback only, its socket in ``base``, no fsync (tests)."""
+    return f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
 
 
 def _as_postgres(cmd: list[str]) -> list[str]:
@@ -129,7 +151,7 @@ def postgres_server() -> Iterator[PostgresServer]:
         check=True,
         capture_output=True,
     )
-    opts = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off"
+    opts = _server_options(port, base)
     subprocess.run(
         _as_postgres(
             [str(bindir / "pg_ctl"), "-D", str(datadir), "-o", opts, "-l", str(base / "log"), "-w", "start"]
