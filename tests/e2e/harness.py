@@ -43,6 +43,23 @@ PROVIDER_SECRET_ENV = "HEALER_TEST_PROVIDER_SECRET"
 PROVIDER_SECRET = "provider-secret-for-tests"
 
 
+def hot_gpu_rules(actions: str, *, hold: str = "2s", summary: str = "GPU {{ $labels.gpu }} too hot") -> str:
+    """A rule file with one rule, GpuTooHot (a GPU above 78 C for ``hold``), taking ``actions``
+    (YAML flow, e.g. ``[quarantine, {drain: {timeout: 10m}}]``), evaluated every second."""
+    return f"""
+groups:
+  - name: thermal
+    interval: 1s
+    rules:
+      - name: GpuTooHot
+        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
+        for: {hold}
+        unit: degrees C
+        annotations: {{summary: "{summary}"}}
+        actions: {actions}
+"""
+
+
 def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``extra`` merged in, nested mappings key by key."""
     out = dict(base)

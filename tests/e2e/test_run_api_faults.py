@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.store.models import Finding, Node, Transition
 from healer_dev.provider import Receiver
 from healer_dev.simulator.scenario import HotGpu
-from tests.e2e.harness import PROVIDER_SECRET, PROVIDER_SECRET_ENV, Metrics, World
+from tests.e2e.harness import PROVIDER_SECRET, PROVIDER_SECRET_ENV, Metrics, World, hot_gpu_rules
 from tests.kube_proxy import api_proxy
 from tests.services import wait_until
 
@@ -45,23 +45,12 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.timeout(600)]
 PER_PHASE = 3
 FAILURE_RATE = 0.2
 SEED = 24
-#: Every request but the Lease's: a Lease PUT the API server applied whose answer is lost is sent
-#: again by urllib3 (PUT is idempotent to it), answered 409 on healer's own write, and read as
-#: another replica's: the leader steps down for a while (healer/actions/lease.py, a separate change).
+#: Every request but the Lease's: the measure is the nodes' steps, not leader election's deadlines.
+#: (A Lease PUT applied whose answer is lost, sent again by urllib3 and answered 409, is the
+#: replica's own write: tests/integration/test_k8s_actions.py.)
 FAILING = r"^(?!/apis/coordination\.k8s\.io/)"
 GPU = 3
-RULES = """
-groups:
-  - name: thermal
-    interval: 1s
-    rules:
-      - name: GpuTooHot
-        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
-        for: 2s
-        unit: degrees C
-        annotations: {summary: "GPU {{ $labels.gpu }} too hot"}
-        actions: [quarantine, {drain: {timeout: 10m}}, {ticket: {provider: default}}]
-"""
+RULES = hot_gpu_rules("[quarantine, {drain: {timeout: 10m}}, {ticket: {provider: default}}]")
 SAFETY = {"max_unhealthy": 10, "max_unhealthy_percent": 100, "breaker_nodes": 10, "breaker_percent": 100}
 
 

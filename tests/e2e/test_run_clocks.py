@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.errors import BinaryNotFound
 from healer.store.models import Node, Transition
-from tests.e2e.harness import Healer, World
+from tests.e2e.harness import Healer, World, hot_gpu_rules
 from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
@@ -36,17 +36,7 @@ HOLD = 20.0  # seconds: the recovery hold
 LEASE = 5  # seconds: lease_duration_seconds (a takeover comes 5 s after the last renewal seen)
 SLACK = LEASE + 4.0  # seconds: a takeover, a tick (1 s) and a loaded machine's scheduling
 
-RULES = f"""
-groups:
-  - name: thermal
-    interval: 1s
-    rules:
-      - name: GpuTooHot
-        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
-        for: {FOR:.0f}s
-        unit: degrees C
-        actions: [quarantine]
-"""
+RULES = hot_gpu_rules("[quarantine]", hold=f"{FOR:.0f}s")
 
 
 def transitions(sessions: sessionmaker[Session], node: str) -> list[Transition]:

@@ -20,25 +20,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store.models import Action, Node
-from tests.e2e.harness import World
+from tests.e2e.harness import World, hot_gpu_rules
 from tests.services import PostgresServer, wait_until
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.postgres]
 
 NODES = 20
 
-RULES = """
-groups:
-  - name: thermal
-    interval: 1s
-    rules:
-      - name: GpuTooHot
-        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
-        for: 2s
-        unit: degrees C
-        annotations: {summary: "GPU {{ $labels.gpu }} at {{ $value }} C"}
-        actions: [quarantine]
-"""
+RULES = hot_gpu_rules("[quarantine]", summary="GPU {{ $labels.gpu }} at {{ $value }} C")
 
 
 def states(sessions: sessionmaker[Session]) -> Counter[str]:
@@ -55,9 +44,7 @@ def test_postgres_crashing_twice_mid_burst_leaves_one_audit_row_per_effect(
     names = world.add_nodes(NODES, pool="h100")
     world.rules(RULES)
     sessions = world.sessions(pg_url)
-    faults = ", ".join(
-        f"{{at: 0s, node: {n}, gpu: 3, fault: hot_gpu, target: 90, ramp: 1s}}" for n in names
-    )
+    faults = ", ".join(f"{{at: 0s, node: {n}, gpu: 3, fault: hot_gpu, target: 90, ramp: 1s}}" for n in names)
     every_hot = f'count(DCGM_FI_DEV_GPU_TEMP{{Hostname=~"{world.prefix}-.*"}} > 78) >= {NODES}'
     with world.metrics(NODES, f"faults: [{faults}]", wait_for=every_hot) as metrics:
         config = world.config(

@@ -24,22 +24,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store.models import Action, Node
 from healer_dev.provider import Receiver
-from tests.e2e.harness import PROVIDER_SECRET, PROVIDER_SECRET_ENV, World
+from tests.e2e.harness import PROVIDER_SECRET, PROVIDER_SECRET_ENV, World, hot_gpu_rules
 from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
 
-RULES = """
-groups:
-  - name: thermal
-    interval: 1s
-    rules:
-      - name: GpuTooHot
-        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
-        for: 2s
-        unit: degrees C
-        actions: [quarantine, {drain: {timeout: 10m}}, {ticket: {provider: default}}]
-"""
+RULES = hot_gpu_rules("[quarantine, {drain: {timeout: 10m}}, {ticket: {provider: default}}]")
 
 
 def state(sessions: sessionmaker[Session], node: str) -> str | None:
@@ -90,9 +80,9 @@ def test_an_uncordon_while_the_drain_waits_for_a_budget_stops_it_before_the_next
             time.sleep(3)  # a drain job or tick that would still evict or ticket has run by now
             with sessions() as s:
                 drains = s.scalars(
-                    select(Action).join(Node, Node.id == Action.node_id).where(
-                        Node.name == bad, Action.kind == "drain"
-                    )
+                    select(Action)
+                    .join(Node, Node.id == Action.node_id)
+                    .where(Node.name == bad, Action.kind == "drain")
                 ).all()
                 final = s.scalar(select(Node.state).where(Node.name == bad))
             healer.stop()

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store import migrate
 from healer.store.models import Action, Node, Transition
-from tests.e2e.harness import World
+from tests.e2e.harness import World, hot_gpu_rules
 from tests.kube_proxy import api_proxy
 from tests.services import wait_until
 
@@ -30,18 +30,7 @@ SAFETY = {"max_unhealthy": 1, "max_unhealthy_percent": 50, "breaker_nodes": 2, "
 
 
 def rules_yaml(actions: str) -> str:
-    return f"""
-groups:
-  - name: thermal
-    interval: 1s
-    rules:
-      - name: GpuTooHot
-        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
-        for: 2s
-        unit: degrees C
-        annotations: {{summary: "GPU {{{{ $labels.gpu }}}} at {{{{ $value }}}} C"}}
-        actions: {actions}
-"""
+    return hot_gpu_rules(actions, summary="GPU {{ $labels.gpu }} at {{ $value }} C")
 
 
 def state(sessions: sessionmaker[Session], node: str) -> str | None:

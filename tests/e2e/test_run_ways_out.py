@@ -18,25 +18,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store.models import Node, Transition
 from healer_dev.provider import Receiver
-from tests.e2e.harness import PROVIDER_SECRET, PROVIDER_SECRET_ENV, World
+from tests.e2e.harness import PROVIDER_SECRET, PROVIDER_SECRET_ENV, World, hot_gpu_rules
 from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
 
 
 def rules_yaml(actions: str) -> str:
-    return f"""
-groups:
-  - name: thermal
-    interval: 1s
-    rules:
-      - name: GpuTooHot
-        expr: max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP) > 78
-        for: 2s
-        unit: degrees C
-        annotations: {{summary: "GPU {{{{ $labels.gpu }}}} too hot"}}
-        actions: {actions}
-"""
+    return hot_gpu_rules(actions)
 
 
 def hot(*nodes: str) -> str:
