@@ -16,8 +16,13 @@
               resolution moves the node on to repaired
     awaiting_repair with no ticket (a rule that only quarantines): validating once the findings
               clear, so every quarantine has a way out
-    released  a human uncordoned (or cordoned) a node healer held: hands off until the findings
-              clear; the next firing opens a new incident
+    released  a human uncordoned (or cordoned) a node healer held, removed healer's taint or put the
+              opt-out label on it: hands off until the findings clear; the next firing opens a
+              new incident
+
+Inputs from outside the controller never move a node themselves: a provider's resolved ticket
+(the incident's ticket status) and an operator's release (``IncidentFacts.release_requested``)
+are facts the next reconcile reads, and these rows move the node, fenced like every step.
     unknown   no data (exporter down or stale) or the node was deleted: neither healthy nor faulty
 
 Remediation ladder (a rule's ``ladder``, or its class's default: :mod:`healer.engine.ladder`):
