@@ -345,9 +345,11 @@ def demo_environment(
                 )
             finally:
                 technician.stop()
-                process.controller.stop()
+                # The dashboard first: a request after the controller disposed the database's
+                # engine would open a connection nobody closes.
                 server.should_exit = True
                 thread.join(timeout=10)
+                process.controller.stop()
     finally:
         receiver.stop()
         emulator.stop()

@@ -31,8 +31,8 @@ from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
 
-FOR = 20.0  # seconds: the rule's for
-HOLD = 20.0  # seconds: the recovery hold
+FOR = 12.0  # seconds: the rule's for
+HOLD = 12.0  # seconds: the recovery hold
 LEASE = 5  # seconds: lease_duration_seconds (a takeover comes 5 s after the last renewal seen)
 SLACK = LEASE + 4.0  # seconds: a takeover, a tick (1 s) and a loaded machine's scheduling
 
@@ -114,8 +114,8 @@ def test_skewed_replicas_hand_over_without_cutting_for_or_the_hold_short(world: 
     bad = world.node_name(0)
     world.rules(RULES)
     sessions = world.sessions(pg_url)
-    # The GPU heats up 15 s into the run: both replicas lead and stand by before it does.
-    scenario = f"faults: [{{at: 15s, node: {bad}, gpu: 3, fault: hot_gpu, target: 90, ramp: 1s}}]"
+    # The GPU heats up 10 s into the run: both replicas lead and stand by before it does.
+    scenario = f"faults: [{{at: 10s, node: {bad}, gpu: 3, fault: hot_gpu, target: 90, ramp: 1s}}]"
     with world.metrics(3, scenario) as metrics:
         config = world.config(
             db=pg_url,
