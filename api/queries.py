@@ -24,6 +24,8 @@ from api.rendering import format_duration
 from api.schemas import (
     ActionOut,
     AttentionOut,
+    BlindSpotOut,
+    BlindSpotsOut,
     BreakerOut,
     BreakerScope,
     FindingOut,
@@ -43,10 +45,12 @@ from api.schemas import (
     TicketBrief,
     TicketOut,
     TransitionOut,
+    UnresolvedSeriesOut,
 )
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage, breaker_trips_at
+from healer.model.blind_spots import BlindReport
 from healer.model.limits import SafetyLimits
 from healer.model.source_health import SourceHealth
 from healer.model.states import OUT_OF_SERVICE, FindingState, NodeState
@@ -617,7 +621,10 @@ def node_detail(session: Session, name: str, *, now: datetime) -> NodeDetail:
             select(Ticket).where(Ticket.node_id == node.id).order_by(Ticket.created_at.desc()).limit(20)
         )
     )
+    blind = blind_spots(session)
     return NodeDetail(
+        blind_spots=[spot for spot in blind.spots if spot.node == node.name],
+        blind_spots_observed_at=blind.observed_at,
         node=summary,
         gpus=[GpuOut.model_validate(g, from_attributes=True) for g in node.gpus],
         open_incident=next((_incident(i, node.name) for i in incidents if i.closed_at is None), None),
@@ -840,3 +847,16 @@ def list_actions(
     if flt.target:
         query = query.where(Action.target == flt.target)
     return _page_by_time(session, query, Action.created_at, Action.id, cursor, limit, "audit", ActionOut)
+
+
+def blind_spots(session: Session) -> BlindSpotsOut:
+    """The last blind-spot observation (the ``blind_spots`` switch); empty when never observed."""
+    report = BlindReport.from_switch(repo.get_switch(session, repo.SWITCH_BLIND_SPOTS))
+    if report is None:
+        return BlindSpotsOut(observed_at=None, spots=[], unresolved=[], errors=[])
+    return BlindSpotsOut(
+        observed_at=report.observed_at,
+        spots=[BlindSpotOut(**spot.as_dict()) for spot in report.spots],
+        unresolved=[UnresolvedSeriesOut(series=u.series, why=u.why) for u in report.unresolved],
+        errors=list(report.errors),
+    )

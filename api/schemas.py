@@ -174,6 +174,33 @@ class ProviderStats(BaseModel):
     median_repair_seconds: float | None
 
 
+class BlindSpotOut(BaseModel):
+    """A place on a node a rule cannot see (:mod:`healer.blind_spots`): it lacks an input the
+    rule reads while other targets export it."""
+
+    node: str
+    rule: str
+    scope: str = Field(description='"gpu 3", "mlx5_0 port 1", or "node" (nothing of the exporter at all)')
+    missing: list[str] = Field(description="The inputs it lacks (alternatives joined by ' or ').")
+    why: str
+
+
+class UnresolvedSeriesOut(BaseModel):
+    """A series the blind-spot observation could not tie to an existing Node (counted for none)."""
+
+    series: str
+    why: str
+
+
+class BlindSpotsOut(BaseModel):
+    """The last blind-spot observation (the controller's, every ``safety.coverage_refresh_seconds``)."""
+
+    observed_at: datetime | None = Field(description="null: never observed (no controller has run yet).")
+    spots: list[BlindSpotOut]
+    unresolved: list[UnresolvedSeriesOut]
+    errors: list[str] = Field(description="Queries that failed: the places they would show are unknown.")
+
+
 class NodeDetail(BaseModel):
     """Everything about one node: the recent slice of each history (full history: the list endpoints)."""
 
@@ -186,6 +213,10 @@ class NodeDetail(BaseModel):
     actions: list[ActionOut]
     notes: list[ActionOut]
     tickets: list[TicketOut]
+    blind_spots: list[BlindSpotOut] = Field(
+        default_factory=list, description="Places on this node a rule cannot see (last observation)."
+    )
+    blind_spots_observed_at: datetime | None = None
 
 
 class RuleOut(BaseModel):

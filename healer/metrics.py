@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.clock import utc_now
+from healer.model.blind_spots import BlindReport
 from healer.model.findings import UnresolvedSeries
 from healer.model.states import FindingState, NodeState, OutboxStatus, RuleHealth
 from healer.store import nodes as repo
@@ -256,6 +257,36 @@ def _ledger_families(session: Session, now: datetime) -> Iterable[Metric]:
     yield fleet
 
 
+#: Most (rule, node) series of ``healer_blind_spots`` exported; the places total is always exact.
+MAX_BLIND_SPOT_SERIES = 1000
+
+
+def _blind_spot_families(session: Session) -> Iterable[Metric]:
+    """The last blind-spot observation (:mod:`healer.blind_spots`), from its switch."""
+    report = BlindReport.from_switch(repo.get_switch(session, repo.SWITCH_BLIND_SPOTS))
+    if report is None:
+        return
+    per = GaugeMetricFamily(
+        "healer_blind_spots",
+        "GPUs, InfiniBand ports or whole nodes (scopes) of a node that a rule cannot see: the node "
+        "lacks an input the rule reads while other targets export it. Never health.",
+        labels=["rule", "node"],
+    )
+    for (rule, node), count in sorted(report.counts().items())[:MAX_BLIND_SPOT_SERIES]:
+        per.add_metric([rule, node], float(count))
+    yield per
+    places = GaugeMetricFamily(
+        "healer_blind_spot_places", "Blind spots in all (one per rule and scope), at the last observation."
+    )
+    places.add_metric([], float(len(report.spots)))
+    yield places
+    when = GaugeMetricFamily(
+        "healer_blind_spots_observed_timestamp_seconds", "Unix time of the last blind-spot observation."
+    )
+    when.add_metric([], report.observed_at.timestamp())
+    yield when
+
+
 def _state_families(session: Session) -> Iterable[Metric]:
     by_state = dict(session.execute(select(Node.state, func.count()).group_by(Node.state)).all())
     nodes = GaugeMetricFamily("healer_nodes", "Nodes by lifecycle state.", labels=["state"])
@@ -300,6 +331,8 @@ def _state_families(session: Session) -> Iterable[Metric]:
     )
     oldest.add_metric([], blocked_since[1].timestamp() if blocked_since[1] is not None else 0.0)
     yield oldest
+
+    yield from _blind_spot_families(session)
 
     paused = GaugeMetricFamily("healer_paused", "1 while an operator has paused healer.")
     paused.add_metric([], 1.0 if repo.get_switch(session, repo.SWITCH_PAUSED).get("paused") else 0.0)

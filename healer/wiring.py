@@ -371,6 +371,7 @@ def build_process(
         node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
+        gpu_nodes=cluster.gpu_nodes,
         validator=validation_jobs(settings, api_client, actions),
         quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),
         gpu_isolation=isolating,

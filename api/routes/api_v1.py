@@ -31,6 +31,7 @@ from api.deps import (
 from api.exporter_inputs import check_inputs, with_inputs
 from api.schemas import (
     ActionOut,
+    BlindSpotsOut,
     ErrorBody,
     FindingOut,
     FleetStatus,
@@ -175,6 +176,14 @@ def list_tickets(
         cursor=cursor,
         limit=limit,
     )
+
+
+@router.get("/blind-spots", response_model=BlindSpotsOut, summary="Where rules cannot see")
+def get_blind_spots(session: SessionDep) -> BlindSpotsOut:
+    """Every GPU, InfiniBand port or node lacking an input a rule reads while other targets export
+    it (blind, never healthy), and the series that named no Node, from the controller's last
+    observation."""
+    return queries.blind_spots(session)
 
 
 @router.get("/rules", response_model=RulesOut, summary="Rule set and health")

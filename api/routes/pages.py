@@ -102,6 +102,7 @@ def _fleet_context(
         "attention": queries.needs_attention(
             session, now=now, awaiting_repair_seconds=settings.api.awaiting_repair_attention_hours * 3600
         ),
+        "blind": queries.blind_spots(session),
         "page": page,
         "filters": filters,
         "states": [str(s) for s in NodeState],

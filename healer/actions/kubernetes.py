@@ -249,6 +249,17 @@ class KubernetesNodeActions:
                 )
         return pools
 
+    def gpu_nodes(self) -> list[str]:
+        """The names of the nodes that report GPUs (``nvidia.com/gpu`` in ``status.capacity``
+        above 0; one list call): a GPU node that exports no dcgm-exporter series is blind
+        (:mod:`healer.blind_spots`)."""
+        return [
+            meta["name"]
+            for n in self._nodes()
+            if (meta := n.get("metadata") or {}).get("name")
+            and (_gpus(n.get("status") or {}, field="capacity") or 0) > 0
+        ]
+
     def node_labels(self) -> dict[str, dict[str, str]]:
         """Every node in the cluster → its labels (one list call): the members of the pools rules
         name by ``pool.node_selector``."""

@@ -1,4 +1,5 @@
-"""``healer doctor exporters``: which metrics the loaded rules read that no target exports.
+"""``healer doctor exporters``: which metrics the loaded rules read that no target exports, and
+where on each node a rule cannot see.
 
 Reads the live Prometheus (one instant query: which of the rules' metric names have a series now)
 and prints, per rule, each input absent fleet-wide: ``required`` (the rule finds nothing until it
@@ -6,8 +7,14 @@ appears), ``fallback`` (absent, and the rule does without), or ``until first eve
 that exporters emit only after a GPU's first Xid). For dcgm-exporter fields it names the counters
 CSV line that adds the field (``deploy/dcgm-exporter/counters-<line>.csv``, one per exporter line).
 
-Exit status: 0 every rule can see its inputs; 1 Prometheus could not be queried or the rules do not
-load; 2 bad usage or settings; 3 a rule reads a required metric no target exports.
+Then, per node, its blind spots (:mod:`healer.blind_spots`): a GPU or InfiniBand port lacking an
+input a rule reads while other targets export it (``--node NAME`` for one node's, all of its
+rules). Series name their node as the rules' do, checked against the cluster when a Kubernetes
+configuration is at hand (else node labels are taken as they are, said in one line).
+
+Exit status: 0 every rule can see its inputs everywhere; 1 Prometheus could not be queried or the
+rules do not load; 2 bad usage or settings; 3 a rule reads a required metric no target exports, or
+a node has a blind spot.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from healer.cli.output import Output, OutputOption, emit, table_width
 from healer.cli.tables import columns
 
 if TYPE_CHECKING:
+    from healer.config import Settings
+    from healer.model.addresses import AddressBook
+    from healer.model.blind_spots import BlindReport, BlindSpot
     from healer.ruleset.counters import CounterLine
     from healer.ruleset.inputs import Input, RuleInputs
 
@@ -63,10 +73,16 @@ def exporters(
         Path,
         typer.Option("--counters", help="Directory of the counters-<line>.csv files.", file_okay=False),
     ] = DEFAULT_COUNTERS,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="Show this node's blind spots only (its Kubernetes name)."),
+    ] = None,
     output: OutputOption = Output.TABLE,
 ) -> None:
-    """Rules whose input metrics no target exports, with the counters CSV line that adds them."""
+    """Rules whose input metrics no target exports (with the counters CSV line that adds them),
+    and each node's blind spots: GPUs or InfiniBand ports lacking an input other targets export."""
     from healer import wiring
+    from healer.blind_spots import observe_blind_spots
     from healer.errors import RuleError, SourceError
     from healer.redaction import redact_url
     from healer.ruleset.counters import read_counters
@@ -84,9 +100,12 @@ def exporters(
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(1) from exc
+    book, book_note = _address_book(settings)
     try:
         with wiring.prometheus_source(settings) as source:
-            answer = source.query(presence_query([r.expr for r in ruleset.rules]), at=wiring.utc_now())
+            now = wiring.utc_now()
+            answer = source.query(presence_query([r.expr for r in ruleset.rules]), at=now)
+            report = observe_blind_spots(ruleset=ruleset, source=source, now=now, book=book)
     except SourceError as exc:
         typer.echo(f"error: Prometheus could not be queried: {exc}", err=True)
         typer.echo(
@@ -100,6 +119,7 @@ def exporters(
     lines = read_counters(counters) if counters.is_dir() else {}
     rows = _rows(checks)
     blind = [c.rule for c in checks if c.blind]
+    spots = [s for s in report.spots if node is None or s.node == node]
     document: dict[str, Any] = {
         "prometheus": redact_url(source.url),
         "rules": len(checks),
@@ -108,22 +128,74 @@ def exporters(
             {"rule": rule, "metric": list(i.names), "needed": needed, "added_by": _where(i, lines)}
             for rule, needed, i in rows
         ],
+        "blind_spots": [s.as_dict() for s in spots],
+        "unresolved_series": [{"series": u.series, "why": u.why} for u in report.unresolved],
+        "errors": list(report.errors),
+        "nodes_checked_against_cluster": book is not None,
     }
+    if node is not None:
+        document = {"node": node, **document}
     if not emit(document, output):
-        if rows:
-            table = [["RULE", "METRIC (ABSENT FLEET-WIDE)", "NEEDED", "ADDED BY"]]
-            for rule, needed, i in rows:
-                where = _where(i, lines)
-                table.append([rule, str(i), needed, where[0]])
-                table += [["", "", "", more] for more in where[1:]]
-            typer.echo(columns(table, width=table_width(output)))
+        if node is None:
+            _print_fleet(rows, blind, checks, lines, output)
             typer.echo("")
-        if blind:
-            typer.echo(
-                f"{len(blind)} of {len(checks)} rules read a metric no target exports and find nothing: "
-                + ", ".join(blind)
-            )
-        else:
-            typer.echo(f"every one of the {len(checks)} rules can see its inputs")
-    if blind:
+        _print_spots(spots, node, report, book_note, output)
+    if blind or spots:
         raise typer.Exit(3)
+
+
+def _address_book(settings: Settings) -> tuple[AddressBook | None, str]:
+    """The cluster's address book (checks each series' node), or None and why not."""
+    from healer import wiring
+    from healer.errors import HealerError
+
+    try:
+        return wiring.address_lookup(settings)(), ""
+    except HealerError as exc:
+        return None, f"node names not checked against the cluster ({exc}): taken from the series' labels"
+
+
+def _print_spots(
+    spots: list[BlindSpot], node: str | None, report: BlindReport, note: str, output: Output
+) -> None:
+    if spots:
+        table = [["NODE", "RULE", "WHERE", "LACKS (OTHER TARGETS EXPORT IT)"]]
+        table += [[s.node, s.rule, s.scope, ", ".join(s.missing)] for s in spots]
+        typer.echo(columns(table, width=table_width(output)))
+        nodes = len({s.node for s in spots})
+        typer.echo(f"{len(spots)} blind spot(s) on {nodes} node(s): no finding there means nothing")
+    elif node is not None:
+        typer.echo(f"no blind spot on {node}: every rule sees every GPU and port it lists")
+    else:
+        typer.echo("no blind spot: every node exports what its peers do")
+    for u in report.unresolved:
+        typer.echo(f"unresolved series (counted for no node): {u.series}: {u.why}")
+    for e in report.errors:
+        typer.echo(f"not observed: {e}", err=True)
+    if note:
+        typer.echo(note, err=True)
+
+
+def _print_fleet(
+    rows: list[tuple[str, str, Input]],
+    blind: list[str],
+    checks: list[RuleInputs],
+    lines: dict[str, list[CounterLine]],
+    output: Output,
+) -> None:
+    """The fleet-wide table: each rule's inputs no target exports."""
+    if rows:
+        table = [["RULE", "METRIC (ABSENT FLEET-WIDE)", "NEEDED", "ADDED BY"]]
+        for rule, needed, i in rows:
+            where = _where(i, lines)
+            table.append([rule, str(i), needed, where[0]])
+            table += [["", "", "", more] for more in where[1:]]
+        typer.echo(columns(table, width=table_width(output)))
+        typer.echo("")
+    if blind:
+        typer.echo(
+            f"{len(blind)} of {len(checks)} rules read a metric no target exports and find nothing: "
+            + ", ".join(blind)
+        )
+    else:
+        typer.echo(f"every one of the {len(checks)} rules can see its inputs")

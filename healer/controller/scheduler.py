@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.base import NodeActions
 from healer.actions.validation import Validator
+from healer.blind_spots import observe_blind_spots
 from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
 from healer.controller import ownership
@@ -53,6 +54,7 @@ from healer.engine.evaluation import EvaluationState
 from healer.errors import HealerError, NotLeader
 from healer.metrics import HealerMetrics
 from healer.model.addresses import AddressBook
+from healer.model.blind_spots import BlindReport
 from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
@@ -145,6 +147,9 @@ class Controller:
     #: The cluster's node and exporter pod names and addresses, which check the node each series
     #: names (and name it by ``instance`` when it has no node label); None = labels as they are.
     addresses: Callable[[], AddressBook] | None = None
+    #: The names of the cluster's GPU nodes (a GPU node exporting no dcgm-exporter series is
+    #: blind), or None: not known (:mod:`healer.blind_spots`).
+    gpu_nodes: Callable[[], list[str]] | None = None
     validator: Validator | None = None  # validation Jobs (validation.enabled; recorded only in dry-run)
     #: The Kueue quota sync (``kueue.enabled``), run by its own job; None: off.
     quota_sync: QuotaSync | None = None
@@ -354,7 +359,41 @@ class Controller:
             keep = {r: nodes for r, nodes in self._coverage.items() if self._coverage_rules is ruleset}
             self._coverage = {**keep, **observed}
             self._coverage_at, self._coverage_rules = now, ruleset
+            self._observe_blind_spots(ruleset, now)
         return self._coverage
+
+    def _observe_blind_spots(self, ruleset: RuleSet, now: datetime) -> None:
+        """Observe every rule's blind spots (:mod:`healer.blind_spots`) with the coverage, and
+        store them in the ``blind_spots`` switch for the dashboard, the API and ``/metrics``; log
+        one line when the number of blind places changes."""
+        assert isinstance(self.source, MetricsSource)
+        book = gpu_nodes = None
+        try:
+            book = self.addresses() if self.addresses is not None else None
+        except HealerError as exc:
+            log.warning("blind spots: the cluster's addresses could not be read: %s", exc)
+        try:
+            gpu_nodes = self.gpu_nodes() if self.gpu_nodes is not None else None
+        except HealerError as exc:
+            log.warning("blind spots: the cluster's GPU nodes could not be listed: %s", exc)
+        report = observe_blind_spots(
+            ruleset=ruleset, source=self.source, now=now, book=book, gpu_nodes=gpu_nodes
+        )
+        with transaction(self.session_factory) as session:
+            before = BlindReport.from_switch(repo.get_switch(session, repo.SWITCH_BLIND_SPOTS))
+            repo.set_switch(session, repo.SWITCH_BLIND_SPOTS, report.as_switch(), now=now, by=self.identity)
+        if before is not None and len(before.spots) == len(report.spots):
+            return
+        nodes = report.by_node()
+        if report.spots:
+            log.warning(
+                "blind spots: %d place(s) on %d node(s) where a rule cannot see",
+                len(report.spots),
+                len(nodes),
+                extra={"nodes": {n: sorted({x.rule for x in f}) for n, f in list(nodes.items())[:20]}},
+            )
+        else:
+            log.info("blind spots: none")
 
     def _node_labels(self, ruleset: RuleSet) -> dict[str, dict[str, str]] | None:
         """Every node's labels when a rule names its pool by them, else None (no list call)."""

@@ -28,6 +28,8 @@ SWITCH_SOURCE = "source"  # {"ok": bool, "since": iso, "reason": str} (healer.mo
 #: rule pools the last tick counted over (labelled pools are read from the nodes table).
 SWITCH_POOLS = "pools"
 SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
+#: The last observation of the rules' blind spots (:meth:`healer.model.blind_spots.BlindReport.as_switch`).
+SWITCH_BLIND_SPOTS = "blind_spots"
 
 
 # The per-node statements of a reconcile step, built once (building a statement's expression costs
