@@ -34,7 +34,9 @@ from tests.services import (
     shared_vmalert,
 )
 
-pytest_plugins = ["tests.service_skips"]  # a missing service skips (fails in CI), one line each
+# A missing service skips (fails in CI), one line each; tests needing a Go-built tool wait for its
+# build when .ci/run starts them while it builds (tests/go_builds.py).
+pytest_plugins = ["tests.service_skips", "tests.go_builds"]
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
