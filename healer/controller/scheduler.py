@@ -355,23 +355,24 @@ class Controller:
             or (now - self._coverage_at).total_seconds() >= self.settings.safety.coverage_refresh_seconds
         )
         if due and isinstance(self.source, MetricsSource):  # alerts mode's source also queries
-            observed = observe_coverage(ruleset=ruleset, source=self.source, now=now)
+            book = None
+            try:
+                book = self.addresses() if self.addresses is not None else None
+            except HealerError as exc:
+                log.warning("coverage: cluster addresses unread (labels taken as they are): %s", exc)
+            observed = observe_coverage(ruleset=ruleset, source=self.source, now=now, book=book)
             keep = {r: nodes for r, nodes in self._coverage.items() if self._coverage_rules is ruleset}
             self._coverage = {**keep, **observed}
             self._coverage_at, self._coverage_rules = now, ruleset
-            self._observe_blind_spots(ruleset, now)
+            self._observe_blind_spots(ruleset, now, book)
         return self._coverage
 
-    def _observe_blind_spots(self, ruleset: RuleSet, now: datetime) -> None:
+    def _observe_blind_spots(self, ruleset: RuleSet, now: datetime, book: AddressBook | None) -> None:
         """Observe every rule's blind spots (:mod:`healer.blind_spots`) with the coverage, and
         store them in the ``blind_spots`` switch for the dashboard, the API and ``/metrics``; log
         one line when the number of blind places changes."""
         assert isinstance(self.source, MetricsSource)
-        book = gpu_nodes = None
-        try:
-            book = self.addresses() if self.addresses is not None else None
-        except HealerError as exc:
-            log.warning("blind spots: the cluster's addresses could not be read: %s", exc)
+        gpu_nodes = None
         try:
             gpu_nodes = self.gpu_nodes() if self.gpu_nodes is not None else None
         except HealerError as exc:

@@ -18,6 +18,7 @@ import pytest
 from healer.controller import remediate
 from healer.coverage import coverage_query, observe_coverage
 from healer.detection import initial_state, run_detection
+from healer.model.addresses import build_address_book
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.prometheus import PrometheusSource
 from healer_dev.k8s_emulator import node
@@ -33,6 +34,10 @@ __all__ = ["emulator", "harness", "k8s_api", "k8s_settings"]
 
 GPU_NODES = [f"gpu-{i:02d}" for i in range(20)]
 IB_NODES = GPU_NODES[:5]  # only these have InfiniBand
+EXPORTER_POD = "dcgm-exporter-wwwjh"
+BOOK = build_address_book(
+    nodes=[(n, []) for n in GPU_NODES], pods=[], pod_names=[(EXPORTER_POD, GPU_NODES[0])]
+)
 IB_DOWN = IB_NODES[:4]  # 4 of the 5 ports are down: 80 % of the IB pool, 20 % of the GPU pool
 
 RULES = RuleSet(
@@ -59,6 +64,8 @@ RULES = RuleSet(
 def exposition() -> str:
     lines = ["# TYPE DCGM_FI_DEV_GPU_TEMP gauge", "# TYPE node_infiniband_state_id gauge"]
     lines += [f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{n}",gpu="0"}} 45' for n in GPU_NODES]
+    # An exporter whose Hostname is its pod's name (a pod on gpu-00), and one naming no Node.
+    lines += [f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{pod}",gpu="1"}} 45' for pod in (EXPORTER_POD, "ghost")]
     lines += [
         f'node_infiniband_state_id{{Hostname="{n}",device="mlx5_0",port="1"}} {1 if n in IB_DOWN else 4}'
         for n in IB_NODES
@@ -76,12 +83,16 @@ def prometheus() -> Iterator[PrometheusServer]:
 
 def test_coverage_is_the_nodes_exporting_a_rules_metrics(prometheus: PrometheusServer) -> None:
     source = PrometheusSource(prometheus.url)
-    coverage = observe_coverage(ruleset=RULES, source=source, now=datetime.now(UTC))
+    coverage = observe_coverage(ruleset=RULES, source=source, now=datetime.now(UTC), book=BOOK)
+    # The pod's series counts for its node; the one naming no Node counts for none.
     assert coverage == {"GpuTooHot": frozenset(GPU_NODES), "IbPortDown": frozenset(IB_NODES)}
     assert (
         coverage_query(["b", "a"], ["Hostname", "node"])
-        == 'group by (__name__, Hostname, node) ({__name__=~"a|b"})'
+        == 'group by (__name__, Hostname, node, instance) ({__name__=~"a|b"})'
     )
+    # Without the cluster's names, node labels are taken as they are.
+    unchecked = observe_coverage(ruleset=RULES, source=source, now=datetime.now(UTC))
+    assert unchecked["GpuTooHot"] == frozenset([*GPU_NODES, EXPORTER_POD, "ghost"])
 
 
 def test_an_unreachable_prometheus_leaves_coverage_unknown(caplog: pytest.LogCaptureFixture) -> None:
@@ -120,7 +131,7 @@ def test_an_infiniband_rule_trips_the_breaker_over_the_nodes_with_infiniband(
         settings=harness.settings,
         now=now,
         fleet=harness.actions.node_pools(),
-        coverage=observe_coverage(ruleset=RULES, source=source, now=now),
+        coverage=observe_coverage(ruleset=RULES, source=source, now=now, book=BOOK),
     )
 
     assert result.breaker_tripped and result.breaker is not None
