@@ -382,3 +382,11 @@ class ReadyOut(BaseModel):
     leader: bool | None
     source: SourceOut | None = None
     controller: ControllerOut
+    node_watch_age_seconds: float | None = Field(
+        default=None,
+        description=(
+            "Seconds since this process's watched store of Nodes last heard from the API server "
+            "(null: no watch runs here, or it has not listed yet). Past its staleness the "
+            "controller lists Nodes instead: informational, never a reason to be unready."
+        ),
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -41,6 +41,30 @@ TICK_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 
 class HealerMetrics:
     """The metrics of one healer process, in their own registry (``self.registry``)."""
+
+    #: The watched store of Nodes in this process (``healer run``), for ``/readyz``; None: none.
+    node_watch: WatchedStore | None = None
+
+    def watch_nodes(self, watch: WatchedStore) -> None:
+        """Export the node watch's freshness (:mod:`healer.actions.node_watch`) and keep it for
+        ``/readyz``: ``healer_node_watch_age_seconds`` (-1 before its first list) and
+        ``healer_node_watch_lists`` (LIST requests it made: 1 on a healthy watch)."""
+        self.node_watch = watch
+        age = Gauge(
+            "healer_node_watch_age_seconds",
+            "Seconds since the watched store of Nodes last heard from the API server (an event, a "
+            "bookmark, a new watch or a list); -1 before its first list. Past "
+            "kubernetes watch staleness the controller lists instead.",
+            registry=self.registry,
+        )
+        age.set_function(lambda: _or_minus_one(watch.age_seconds()))
+        lists = Gauge(
+            "healer_node_watch_lists",
+            "LIST requests of Nodes the watch made since start (the first, then one per expired "
+            "resourceVersion).",
+            registry=self.registry,
+        )
+        lists.set_function(lambda: float(watch.lists))
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -255,6 +279,18 @@ def _ledger_families(session: Session, now: datetime) -> Iterable[Metric]:
     if part_gaps:
         fleet.add_metric([], sum(part_gaps) / len(part_gaps))
     yield fleet
+
+
+class WatchedStore(Protocol):
+    """A watched store's freshness, as :class:`healer.actions.node_watch.NodeWatch` reports it."""
+
+    lists: int
+
+    def age_seconds(self) -> float | None: ...
+
+
+def _or_minus_one(value: float | None) -> float:
+    return -1.0 if value is None else value
 
 
 #: Most (rule, node) series of ``healer_blind_spots`` exported; the places total is always exact.

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from healer.actions.base import NodeActions
     from healer.actions.gpu_isolation import IsolationPort
     from healer.actions.kubernetes import KubernetesNodeActions
+    from healer.actions.node_watch import NodeWatch
     from healer.actions.validation import Validator
     from healer.controller import Controller
     from healer.controller.gpu_isolation import GpuIsolationSync
@@ -157,14 +158,18 @@ def node_actions(
     *,
     identity: str,
     clock: Callable[[], datetime],
+    node_watch: NodeWatch | None = None,
 ) -> tuple[KubernetesNodeActions, NodeActions]:
     """The cluster adapter, and what the controller acts through: the same adapter, or with
     ``safety.dry_run`` a recorder that writes what it would do to the database and touches nothing.
+    ``node_watch``: the watched store the adapter reads the cluster's Nodes from (None: it lists).
     """
     from healer.actions.dryrun import RecordingNodeActions
     from healer.actions.kubernetes import KubernetesNodeActions
 
-    cluster = KubernetesNodeActions(api_client, settings.kubernetes, identity=identity, clock=clock)
+    cluster = KubernetesNodeActions(
+        api_client, settings.kubernetes, identity=identity, clock=clock, node_watch=node_watch
+    )
     if settings.safety.dry_run:
         return cluster, RecordingNodeActions(cluster, sessions, clock=clock)
     return cluster, cluster
@@ -342,6 +347,7 @@ def build_process(
     from healer.actions.addresses import KubernetesAddresses
     from healer.actions.kubernetes import make_api_client
     from healer.actions.lease import LeaderElector
+    from healer.actions.node_watch import NodeWatch
     from healer.clock import SharedClock
     from healer.controller import Controller
     from healer.metrics import HealerMetrics
@@ -354,8 +360,13 @@ def build_process(
     rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
     refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)
-    cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)
+    # The cluster's Nodes come from a watch (started with the controller): a quiet tick lists none.
+    node_watch = NodeWatch(api_client, timeout=settings.kubernetes.request_timeout_seconds)
+    cluster, actions = node_actions(
+        settings, api_client, sessions, identity=identity, clock=clock, node_watch=node_watch
+    )
     metrics = HealerMetrics()
+    metrics.watch_nodes(node_watch)
     isolating = gpu_isolation(settings, api_client, sessions, events=actions, metrics=metrics)
     controller = Controller(
         settings=settings,
@@ -370,6 +381,8 @@ def build_process(
         fleet=cluster.node_pools,
         node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
+        owned_node=cluster.owned_node,
+        background=(node_watch,),
         addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
         gpu_nodes=cluster.gpu_nodes,
         validator=validation_jobs(settings, api_client, actions),

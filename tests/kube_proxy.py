@@ -15,9 +15,11 @@ before the API server sees the request or after it has applied it (the answer is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
+import socket
 import ssl
 import threading
 import time
@@ -48,6 +50,10 @@ HOP_BY_HOP = {
 #: connection closed before the request reaches the API server; closed after the API server
 #: applied it, the answer lost.
 FAULTS = ("500", "429", "drop", "drop-after")
+#: Not among the random faults: ``"gone"`` answers as kube-apiserver does for a resourceVersion
+#: compacted away: a watch gets 200 and one ``ERROR`` event with a 410 ``Expired`` Status (its watch
+#: cache's answer), a list gets 410.
+GONE = "gone"
 
 
 @dataclass
@@ -82,6 +88,10 @@ class ApiProxy:
         #: Requests received, and the faults injected by kind, since the proxy started.
         self.received = 0
         self.injected: Counter[str] = Counter()
+        #: Every request relayed or failed, as (method, path with its query), in order.
+        self.requests: list[tuple[str, str]] = []
+        # Answers being streamed (watches), with the client's socket.
+        self._open: dict[httpx.Response, socket.socket] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05})
@@ -105,6 +115,26 @@ class ApiProxy:
             self._failing = (
                 _Failing(rate, random.Random(seed), re.compile(path_regex), kinds) if rate > 0 else None
             )
+
+    def lists(self, path: str) -> int:
+        """How many LIST requests (a GET of ``path`` without ``watch``) the proxy has seen."""
+        with self._lock:
+            return sum(
+                1
+                for method, full in self.requests
+                if method == "GET" and full.split("?")[0] == path and "watch=true" not in full
+            )
+
+    def cut(self) -> int:
+        """Close every answer being streamed now (open watches end as a dropped connection
+        ends them); return how many."""
+        with self._lock:
+            open_ = list(self._open.items())
+        for answer, client in open_:
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)  # the client's read ends at once
+            answer.close()
+        return len(open_)
 
     def _draw_fault(self, path: str) -> str | None:
         with self._lock:
@@ -143,9 +173,28 @@ class ApiProxy:
                 self.end_headers()
                 self.wfile.write(data.encode())
 
+            def _answer_gone_event(self) -> None:
+                status = {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": "too old resource version (injected by the test proxy)",
+                    "reason": "Expired",
+                    "code": 410,
+                }
+                data = json.dumps({"type": "ERROR", "object": status}).encode() + b"\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _relay(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                with proxy._lock:
+                    proxy.requests.append((self.command, self.path))
                 fault = proxy._draw_fault(self.path)
                 if fault == "500":
                     self._answer_status(500, "InternalError", {})
@@ -155,6 +204,12 @@ class ApiProxy:
                     return
                 if fault == "drop":
                     self.close_connection = True
+                    return
+                if fault == GONE:
+                    if "watch=true" in self.path:
+                        self._answer_gone_event()
+                    else:
+                        self._answer_status(410, "Expired", {})
                     return
                 headers = [(k, v) for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP]
                 request = proxy._client.build_request(
@@ -169,6 +224,8 @@ class ApiProxy:
                     answer.close()  # applied by the API server; the client never hears of it
                     self.close_connection = True
                     return
+                with proxy._lock:
+                    proxy._open[answer] = self.connection
                 try:
                     held = proxy._take_hold(self.command, self.path)
                     if held:
@@ -185,9 +242,20 @@ class ApiProxy:
                             self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError, httpx.HTTPError):
+                except (
+                    BrokenPipeError,
+                    ConnectionResetError,
+                    httpx.HTTPError,
+                    RuntimeError,
+                    AttributeError,
+                    ValueError,
+                ):
+                    # RuntimeError (httpx.StreamClosed), AttributeError, ValueError: the answer was
+                    # closed by cut() while it was read
                     self.close_connection = True
                 finally:
+                    with proxy._lock:
+                        proxy._open.pop(answer, None)
                     answer.close()
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _relay

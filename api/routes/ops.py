@@ -97,6 +97,7 @@ async def readyz(request: Request) -> Response:
         leader=leader,
         source=source,
         controller=ControllerOut(in_process=in_process, ok=database and not controller, reasons=controller),
+        node_watch_age_seconds=watch.age_seconds() if (watch := state.metrics.node_watch) else None,
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if body.ready else 503)
 

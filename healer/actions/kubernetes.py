@@ -51,10 +51,11 @@ from healer.actions.apierrors import api_call
 from healer.actions.apiretry import RetryingApiClient
 from healer.actions.base import NodeRef
 from healer.actions.checkpoint import CheckpointKeys
+from healer.actions.node_watch import NodeWatch
 from healer.actions.timestamps import micro_time
 from healer.clock import utc_now
 from healer.config import KubernetesSettings
-from healer.errors import ConfigError, KubernetesConflict
+from healer.errors import ConfigError, KubernetesConflict, KubernetesNotFound
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.node import (
     Condition,
@@ -200,8 +201,11 @@ class KubernetesNodeActions:
         *,
         identity: str = "healer",
         clock: Callable[[], datetime] = utc_now,
+        node_watch: NodeWatch | None = None,
     ) -> None:
         self.settings = settings
+        #: The watched store of the cluster's Nodes (:mod:`.node_watch`); None: every read lists.
+        self.node_watch = node_watch
         self.identity = identity
         self.clock = clock
         # Every request (node reads and writes, Events, the drain's lists) retries a transient
@@ -225,7 +229,12 @@ class KubernetesNodeActions:
             )
 
     def _nodes(self) -> list[dict[str, Any]]:
-        """Every Node in the cluster as JSON (one list call, no model objects built)."""
+        """Every Node in the cluster as JSON: the watched store's (no request) while it is synced
+        and fresh, else one list call (no model objects built)."""
+        if self.node_watch is not None:
+            watched = self.node_watch.nodes()
+            if watched is not None:
+                return watched
         items: list[dict[str, Any]] = self._call("list nodes", "GET", "/api/v1/nodes").get("items") or []
         return items
 
@@ -271,12 +280,24 @@ class KubernetesNodeActions:
 
     def owned_nodes(self) -> list[NodeView]:
         """Every node carrying healer's marks now: an ownership annotation or healer's taint (one
-        list call). The ownership reconcile compares them with the database."""
-        views = [node_view(n) for n in self._nodes()]
-        keys = set(self.keys.all())
-        return [
-            v for v in views if keys & set(v.annotations) or any(t[0] == self.taint_key for t in v.taints)
-        ]
+        list call, or the watched store). The ownership reconcile compares them with the database
+        and confirms each node it would release with :meth:`owned_node`."""
+        return [v for v in (node_view(n) for n in self._nodes()) if self.carries_marks(v)]
+
+    def carries_marks(self, view: NodeView) -> bool:
+        """Whether healer's ownership annotations or its taint are on the node."""
+        return bool(set(self.keys.all()) & set(view.annotations)) or any(
+            t[0] == self.taint_key for t in view.taints
+        )
+
+    def owned_node(self, name: str) -> NodeView | None:
+        """The node read now when it still carries healer's marks, else None (a watched store may
+        lag a write by moments: nothing is released on its word alone)."""
+        try:
+            view = self.read_node(name)
+        except KubernetesNotFound:
+            return None
+        return view if self.carries_marks(view) else None
 
     def list_nodes(self) -> list[NodeView]:
         """Every node in the cluster now (one list call): the Kueue quota sync counts their GPUs."""

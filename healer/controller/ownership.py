@@ -62,6 +62,7 @@ def settle(
     now: datetime,
     actor: str = "healer",
     fence: Fence | None = None,
+    confirm: Callable[[str], NodeView | None] | None = None,
 ) -> OwnershipResult:
     """Release the nodes healer marked that its record does not account for (see the module).
 
@@ -70,6 +71,9 @@ def settle(
         actions: the adapter that releases (the dry-run recorder records instead).
         findings: this tick's findings (a node with one firing or pending is adopted, not released).
         now: aware UTC. ``fence``: the leader's fence (None: unfenced).
+        confirm: reads a node now and returns it when it still carries healer's marks, else None
+            (``KubernetesNodeActions.owned_node``): ``owned`` may come from a watched store that
+            lags healer's own last write by moments; None: ``owned``'s views are taken as read.
 
     Raises:
         NotLeader: this replica stopped leading (nothing more is written).
@@ -106,6 +110,11 @@ def settle(
             continue
         fence.check()
         try:
+            if confirm is not None:
+                fresh = confirm(name)
+                if fresh is None:
+                    continue  # the marks are gone already (the store had not seen it yet)
+                view = fresh
             actions.release(view, now=now)
         except KubernetesNotFound:
             continue

@@ -69,6 +69,14 @@ from healer.tickets.delivery import deliver_due
 log = logging.getLogger(__name__)
 
 
+class Background(Protocol):
+    """A thread the controller starts and stops with its jobs."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class Leadership(Protocol):
     """What the controller needs of a leader elector (``healer.actions.lease.LeaderElector``)."""
 
@@ -144,6 +152,11 @@ class Controller:
     #: Every node → its labels (for rules naming their pool by node labels), or None.
     node_labels: Callable[[], dict[str, dict[str, str]] | None] = lambda: None
     owned: Callable[[], list[NodeView]] = list
+    #: A node read now when it still carries healer's marks (confirms a release by the ownership
+    #: reconcile); None: ``owned``'s views are taken as read.
+    owned_node: Callable[[str], NodeView | None] | None = None
+    #: Threads started before the jobs and stopped after them (the node watch).
+    background: Sequence[Background] = ()
     #: The cluster's node and exporter pod names and addresses, which check the node each series
     #: names (and name it by ``instance`` when it has no node label); None = labels as they are.
     addresses: Callable[[], AddressBook] | None = None
@@ -263,6 +276,7 @@ class Controller:
                 node_findings = gpu_scope.for_nodes(detection.findings, ruleset)
                 ownership.settle(
                     owned=self.owned,
+                    confirm=self.owned_node,
                     actions=self.actions,
                     sessions=self.session_factory,
                     findings=node_findings,
@@ -482,7 +496,10 @@ class Controller:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Take the Lease if free, then start the jobs in a background scheduler."""
+        """Start the background threads (the node watch), take the Lease if free, then start the
+        jobs in a background scheduler."""
+        for thread in self.background:
+            thread.start()
         self.keep_lease()
         s = self.settings
         tick_every = self._tick_seconds = tick_seconds(
@@ -531,6 +548,8 @@ class Controller:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
+        for thread in self.background:
+            thread.stop()
         if self._leader:
             try:
                 self.leadership.release(self.lease_clock())

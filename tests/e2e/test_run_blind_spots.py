@@ -64,7 +64,8 @@ def test_blind_nodes_are_shown_as_blind_not_healthy(world: World) -> None:
             return list(got["spots"]) if got.get("observed_at") else None
 
         spots = wait_until(observed, timeout=90, what="healer's first blind-spot observation")
-        found = {(s["node"], s["rule"], s["scope"]) for s in spots}
+        # Only this test's nodes (the control plane is shared by the worker's tests).
+        found = {(s["node"], s["rule"], s["scope"]) for s in spots if str(s["node"]).startswith(world.prefix)}
         assert found == {
             (vgpu, "GpuTooHot", "gpu 0"),
             (vgpu, "GpuTooHot", "gpu 1"),
@@ -83,10 +84,12 @@ def test_blind_nodes_are_shown_as_blind_not_healthy(world: World) -> None:
         fleet = httpx.get(f"{healer.url}/", timeout=10).text
         panel = re.search(r'data-testid="blind-spots"(.*?)</section>', fleet, re.S)
         assert panel is not None and vgpu in panel.group(1) and silent in panel.group(1)
-        assert "4 place(s) on 2 node(s)" in panel.group(1)
+        assert full not in panel.group(1)
 
         page = httpx.get(f"{healer.url}/nodes/{vgpu}", timeout=10)
         assert page.status_code == 200, page.text[:500]
         section = re.search(r'data-testid="node-blind-spots"(.*?)</section>', page.text, re.S)
         assert section is not None and "DCGM_FI_DEV_GPU_TEMP" in section.group(1)
-        assert "blind spots: 4 place(s) on 2 node(s)" in healer.tail(20000)
+        assert re.search(
+            r"blind spots: \d+ place\(s\) on \d+ node\(s\) where a rule cannot see", healer.tail(20000)
+        )

@@ -1,0 +1,144 @@
+"""The watched store of Nodes on the real control plane (tests/kube_cluster.py), reached through
+the loopback proxy (tests/kube_proxy.py) that counts the requests and can cut open watches.
+
+A user sees: after one LIST, the controller's reads of the cluster's nodes (pools, healer's marks,
+GPU nodes) make no request at all; a node added, relabelled or deleted shows within moments; a
+watch whose connection drops is resumed without a LIST; a version the server no longer keeps
+(410) lists again; a store that hears nothing past its staleness answers "unknown", and the
+adapter lists instead of trusting it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client as k8s
+
+from healer.actions.kubernetes import KubernetesNodeActions
+from healer.actions.node_watch import NodeWatch
+from healer.config import KubernetesSettings
+from tests.kube_cluster import ControlPlane
+from tests.kube_proxy import GONE, ApiProxy, api_proxy
+from tests.services import wait_until
+
+NODES = "/api/v1/nodes"
+
+
+@pytest.fixture
+def proxy(kube: ControlPlane) -> Iterator[ApiProxy]:
+    with api_proxy(kube.url, kube.ca_file) as running:
+        yield running
+
+
+def via(proxy: ApiProxy, kube: ControlPlane) -> k8s.ApiClient:
+    configuration = k8s.Configuration()
+    configuration.host = proxy.url
+    configuration.api_key = {"authorization": f"Bearer {kube.admin_token}"}
+    return k8s.ApiClient(configuration)
+
+
+def names(watch: NodeWatch) -> set[str]:
+    return {n["metadata"]["name"] for n in watch.nodes() or []}
+
+
+def test_reads_come_from_the_watch_and_changes_show(kube: ControlPlane, proxy: ApiProxy) -> None:
+    prefix = f"w-{uuid.uuid4().hex[:6]}"
+    first, second = f"{prefix}-gpu-00", f"{prefix}-gpu-01"
+    kube.add_nodes([first], gpus=8)
+    api = via(proxy, kube)
+    watch = NodeWatch(api, timeout=10)
+    watch.start()
+    try:
+        wait_until(lambda: first in names(watch), timeout=30, what="the first list")
+        assert proxy.lists(NODES) == 1
+        adapter = KubernetesNodeActions(api, KubernetesSettings(domain="healer.dev"), node_watch=watch)
+        for _ in range(5):  # what a tick reads: pools, healer's marks, GPU nodes
+            assert first in adapter.node_pools()
+            adapter.owned_nodes()
+            assert first in adapter.gpu_nodes()
+        assert proxy.lists(NODES) == 1  # none of those listed
+
+        kube.add_nodes([second], gpus=0)
+        wait_until(lambda: second in names(watch), timeout=30, what="a new node seen")
+        assert second not in adapter.gpu_nodes() and first in adapter.gpu_nodes()
+        admin = k8s.CoreV1Api(kube.admin_client())
+        admin.patch_node(first, {"metadata": {"labels": {"pool": "h100"}}})
+        wait_until(
+            lambda: any(n["metadata"].get("labels", {}).get("pool") == "h100" for n in watch.nodes() or []),
+            timeout=30,
+            what="a label change seen",
+        )
+        admin.delete_node(second)
+        wait_until(lambda: second not in names(watch), timeout=30, what="a deleted node gone")
+
+        # The connection drops: the watch resumes from its version, without a LIST.
+        watches = watch.watches
+        assert proxy.cut() >= 1
+        wait_until(lambda: watch.watches > watches, timeout=30, what="the watch resumed")
+        admin.patch_node(first, {"metadata": {"labels": {"pool": "a100"}}})
+        wait_until(
+            lambda: any(n["metadata"].get("labels", {}).get("pool") == "a100" for n in watch.nodes() or []),
+            timeout=30,
+            what="a change after the resume",
+        )
+        assert proxy.lists(NODES) == 1
+        # Trimmed: what healer reads, not the whole object.
+        (kept,) = [n for n in watch.nodes() or [] if n["metadata"]["name"] == first]
+        assert set(kept["status"]) <= {"capacity", "allocatable", "addresses", "conditions"}
+        assert kept["status"]["capacity"] == {"nvidia.com/gpu": "8"}
+    finally:
+        watch.stop()
+        k8s.CoreV1Api(kube.admin_client()).delete_node(first)
+
+
+def test_an_expired_version_lists_again(kube: ControlPlane, proxy: ApiProxy) -> None:
+    name = f"w-{uuid.uuid4().hex[:6]}-gpu-00"
+    kube.add_nodes([name], gpus=8)
+    watch = NodeWatch(via(proxy, kube), timeout=10)
+    watch.start()
+    try:
+        wait_until(lambda: watch.nodes() is not None, timeout=30, what="the first list")
+        # The version is compacted away (etcd compacts every 5 minutes): the next watch gets 410.
+        proxy.fail(1.0, seed=0, path_regex=f"^{NODES}$", kinds=(GONE,))
+        proxy.cut()
+        wait_until(lambda: watch.relists >= 1, timeout=30, what="a list after 410")
+        proxy.fail(0, seed=0)
+        wait_until(lambda: watch.lists == 2, timeout=30, what="listed again")
+        # ... and watching again: a change shows.
+        mark = uuid.uuid4().hex[:8]
+        k8s.CoreV1Api(kube.admin_client()).patch_node(name, {"metadata": {"labels": {"watch-test": mark}}})
+        wait_until(
+            lambda: any(
+                n["metadata"].get("labels", {}).get("watch-test") == mark for n in watch.nodes() or []
+            ),
+            timeout=30,
+            what="a change seen after the list",
+        )
+    finally:
+        watch.stop()
+        k8s.CoreV1Api(kube.admin_client()).delete_node(name)
+
+
+def test_a_store_that_hears_nothing_is_not_trusted(kube: ControlPlane, proxy: ApiProxy) -> None:
+    api = via(proxy, kube)
+    watch = NodeWatch(api, timeout=10, stale_seconds=2, watch_seconds=60)
+    watch.start()
+    try:
+        wait_until(lambda: watch.nodes() is not None, timeout=30, what="the first list")
+        proxy.hold("GET", f"^{NODES}$", seconds=8, times=1)  # the next watch hangs
+        watches = watch.watches
+        proxy.cut()
+        wait_until(lambda: watch.nodes() is None, timeout=30, what="the store gone stale")
+        age = watch.age_seconds()
+        assert age is not None and age > 2
+        adapter = KubernetesNodeActions(api, KubernetesSettings(domain="healer.dev"), node_watch=watch)
+        before = proxy.lists(NODES)
+        adapter.node_pools()  # the adapter lists instead of trusting the stale store
+        assert proxy.lists(NODES) == before + 1
+        # The held watch answers at last: the store is heard from again (then, on a quiet cluster
+        # and a staleness of 2 s, it goes stale again until the next event).
+        wait_until(lambda: watch.watches > watches, timeout=30, what="the watch back after the hold")
+    finally:
+        watch.stop()
