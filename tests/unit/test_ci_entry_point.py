@@ -15,14 +15,19 @@ def readme_test_command() -> str:
     return line.split("#", 1)[0].strip()
 
 
-def test_ci_runs_the_readme_test_command_last_in_the_activated_venv() -> None:
+def test_ci_runs_the_readme_test_command_in_the_activated_venv_and_exits_with_its_status() -> None:
     lines = [ln.strip() for ln in (REPO / ".ci/run").read_text().splitlines()]
     commands = [ln for ln in lines if ln and not ln.startswith("#")]
-    assert commands[-1] == readme_test_command()
+    run = [c for c in commands if c.startswith(readme_test_command())]
+    assert run == [f"{readme_test_command()} && tests=0 || tests=$?"]
+    assert commands[-1] == 'exit "$tests"'  # after the linters' and the builds' verdicts
     assert ". .venv/bin/activate" in commands
-    assert commands.index(". .venv/bin/activate") < len(commands) - 1
-    assert "ruff check healer healer_dev api tests migrations bench" in commands
-    assert "lint-imports" in commands and "mypy" in commands
+    assert commands.index(". .venv/bin/activate") < commands.index(run[0])
+    # The linters run beside the tests, in the venv; their failure fails the run too.
+    lint = next(c for c in commands if "ruff check" in c)
+    assert "ruff check healer healer_dev api tests migrations bench && lint-imports && mypy" in lint
+    assert commands.index(". .venv/bin/activate") < commands.index(lint)
+    assert any(c.startswith('waited "lint') for c in commands)
     # No pip into the system's Python: every install goes through the venv's interpreter.
     assert not [c for c in commands if "pip install" in c and not c.startswith(".venv/bin/python -m pip")]
 
