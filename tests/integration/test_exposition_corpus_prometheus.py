@@ -43,6 +43,8 @@ Found = dict[str, dict[str, dict[str | None, list[str]]]]
 
 @dataclass
 class Corpus:
+    prom: PrometheusServer
+    book: AddressBook
     found: Found
     unresolved: list[tuple[str, dict[str, str], str | None]]  # rule, labels, why
     scrape_errors: dict[str, str]  # sample: Prometheus's lastError
@@ -72,10 +74,12 @@ def scrape_errors(prom: PrometheusServer) -> dict[str, str] | None:
     return {t["scrapeUrl"].rsplit("/", 1)[1]: t["lastError"] for t in targets if t["health"] != "up"}
 
 
-def evaluate(prom: PrometheusServer, book: AddressBook, errors: dict[str, str]) -> Corpus:
+def evaluate(prom: PrometheusServer, book: AddressBook, errors: dict[str, str], exclude: str = "") -> Corpus:
+    """Every rule of the default pack (``exclude``: the operator's HCA exclude pattern), each result
+    series given its node as healer gives it."""
     found: Found = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    unresolved = []
-    for name, rule in load_pack().items():
+    unresolved: list[tuple[str, dict[str, str], str | None]] = []
+    for name, rule in load_pack(exclude).items():
         for series in prom.query(rule.expr):
             labels, _ = clean_labels({k: v for k, v in series["metric"].items() if k != "__name__"})
             resolved = book.resolve(labels, rule.node_labels)
@@ -83,7 +87,7 @@ def evaluate(prom: PrometheusServer, book: AddressBook, errors: dict[str, str]) 
                 unresolved.append((name, labels, resolved.why))
                 continue
             found[clean_node_name(resolved.node)][name][target_of(labels, rule)].append(series["value"][1])
-    return Corpus(found, unresolved, errors)
+    return Corpus(prom, book, found, unresolved, errors)
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +134,11 @@ def test_verdict_per_node(corpus: Corpus, sample: str) -> None:
                 if values == [None] and len(got.get(rule, {}).get(target, [])) == 1:
                     got[rule][target] = [None]
         assert got == want, f"{sample}: {node}"
+
+
+def test_excluding_the_unplugged_roce_functions_silences_them(corpus: Corpus) -> None:
+    """The remedy rules/README.md gives for ports unused on purpose, on the published RoCE names
+    (case matters: ``roceP2p1s0f1`` and ``rocep1s0f1``)."""
+    excluded = evaluate(corpus.prom, corpus.book, {}, exclude="roce[Pp].*s0f1")
+    assert "spark-01" not in excluded.found
+    assert set(excluded.found) == set(corpus.found) - {"spark-01"}
