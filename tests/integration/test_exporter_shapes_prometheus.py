@@ -15,6 +15,10 @@ and the real node_exporter (Debian's ``prometheus-node-exporter``) reading a fak
 ``gpu-n3``'s HCAs (mlx5_0..3 compute fabric, mlx5_9 a management HCA), its node given by a target
 label as a Kubernetes relabeling would. Every default rule's ``expr`` runs through the HTTP API as
 healer runs it; each fault must show on its node and GPU/port, and nothing else anywhere.
+
+These exporters are typed by the team and change under the test (a pod ending, a GPU lost); the
+shapes people published, served as they are, are in ``tests/fixtures/exposition-corpus/``
+(test_exposition_corpus_prometheus.py).
 """
 
 from __future__ import annotations
