@@ -20,15 +20,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+from healer.blind_spots import observe_blind_spots
 from healer.engine.labels import clean_labels, clean_node_name
 from healer.model.addresses import AddressBook, build_address_book, instance_host
-from tests.conftest import FIXTURES
+from healer.ruleset.loading import load_ruleset
+from healer.sources.prometheus import PrometheusSource
+from tests.conftest import FIXTURES, REPO
 from tests.exposition import Pages, load_pack, serve, target_of
 from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
 
@@ -136,3 +140,40 @@ def test_excluding_the_unplugged_roce_functions_silences_them(corpus: Corpus) ->
     excluded = evaluate(corpus.prom, corpus.book, {}, exclude="roce[Pp].*s0f1")
     assert "spark-01" not in excluded.found
     assert set(excluded.found) == set(corpus.found) - {"spark-01"}
+
+
+def test_blind_spots_show_what_the_pack_cannot_see(corpus: Corpus) -> None:
+    """The vGPU guest (no temperature) is blind for the rules counting GPUs by their temperature;
+    the 1.x exporter (``dcgm_*`` names, nothing the pack reads) is blind as a whole GPU node."""
+    gpu_nodes = [
+        node
+        for name, sample in SAMPLES.items()
+        if not name.startswith(("roce", "mlx5"))
+        for node in sample["cluster"]["nodes"]
+    ]
+    report = observe_blind_spots(
+        ruleset=load_ruleset([REPO / "rules"]),
+        source=PrometheusSource(corpus.prom.url),
+        now=datetime.now(UTC),
+        book=corpus.book,
+        gpu_nodes=gpu_nodes,
+    )
+    spots = {(s.node, s.rule, s.scope) for s in report.spots}
+    hot = {(node, scope) for node, rule, scope in spots if rule == "GpuTooHot"}
+    assert hot == {("k8s-vgpu-worker-1", "node"), ("legacy-gpu-1", "node")}
+    assert {rule for node, rule, _ in spots if node == "k8s-vgpu-worker-1"} >= {
+        "GpuMissing",
+        "DcgmExporterSilent",
+    }
+    # The published mlx5 pair lacks four of the error counters the pack reads; the RoCE node has them all.
+    infiniband = {(node, rule) for node, rule, _ in spots if rule.startswith("Infiniband")}
+    assert infiniband == {
+        ("rdma-worker-2", rule)
+        for rule in (
+            "InfinibandBufferOverrun",
+            "InfinibandLinkErrorRecovery",
+            "InfinibandLinkIntegrityErrors",
+            "InfinibandPortReceiveErrors",
+        )
+    }
+    assert report.unresolved == () and report.errors == ()
