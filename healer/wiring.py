@@ -383,7 +383,7 @@ def build_process(
         owned=cluster.owned_nodes,
         owned_node=cluster.owned_node,
         background=(node_watch,),
-        addresses=KubernetesAddresses(api_client, settings.kubernetes).address_book,
+        addresses=KubernetesAddresses(api_client, settings.kubernetes, node_watch=node_watch).address_book,
         gpu_nodes=cluster.gpu_nodes,
         validator=validation_jobs(settings, api_client, actions),
         quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),

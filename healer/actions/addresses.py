@@ -15,6 +15,7 @@ from __future__ import annotations
 from kubernetes import client as k8s
 
 from healer.actions.apierrors import api_call
+from healer.actions.node_watch import NodeWatch
 from healer.config import KubernetesSettings
 from healer.model.addresses import AddressBook, build_address_book
 
@@ -26,24 +27,37 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 class KubernetesAddresses:
     """Reads the :class:`AddressBook` from the cluster: two list calls per :meth:`address_book`
-    (one when ``exporter_pod_selector`` is empty).
+    (one when ``exporter_pod_selector`` is empty; one fewer when the nodes come from a fresh
+    ``node_watch``).
 
     Args:
         api_client: an official-client ``ApiClient``; not closed here.
         settings: ``exporter_pod_selector`` ('' = nodes only), ``request_timeout_seconds``.
     """
 
-    def __init__(self, api_client: k8s.ApiClient, settings: KubernetesSettings) -> None:
+    def __init__(
+        self, api_client: k8s.ApiClient, settings: KubernetesSettings, *, node_watch: NodeWatch | None = None
+    ) -> None:
         self.core = k8s.CoreV1Api(api_client)
         self.selector = settings.exporter_pod_selector.strip()
         self._timeout = settings.request_timeout_seconds
+        #: The watched store of Nodes (:mod:`.node_watch`): the nodes come from it while it is fresh.
+        self.node_watch = node_watch
 
-    def address_book(self) -> AddressBook:
-        """Every node's name and addresses and the exporter pods' names, nodes and IPs, read now.
-
-        Raises:
-            KubernetesError: a list call failed.
-        """
+    def _nodes(self) -> list[tuple[str, list[str]]]:
+        watched = self.node_watch.nodes() if self.node_watch is not None else None
+        if watched is not None:
+            return [
+                (
+                    str(n["metadata"]["name"]),
+                    [
+                        a["address"]
+                        for a in (n.get("status") or {}).get("addresses") or []
+                        if a.get("type") in NODE_ADDRESS_TYPES and a.get("address")
+                    ],
+                )
+                for n in watched
+            ]
         with api_call("list nodes"):
             node_list = self.core.list_node(_request_timeout=self._timeout)
         nodes = []
@@ -53,6 +67,15 @@ class KubernetesAddresses:
                 continue
             found = (node.status.addresses if node.status else None) or []
             nodes.append((name, [a.address for a in found if a.type in NODE_ADDRESS_TYPES and a.address]))
+        return nodes
+
+    def address_book(self) -> AddressBook:
+        """Every node's name and addresses and the exporter pods' names, nodes and IPs, read now.
+
+        Raises:
+            KubernetesError: a list call failed.
+        """
+        nodes = self._nodes()
         pods: list[tuple[str, list[str]]] = []
         pod_names: list[tuple[str, str]] = []
         if self.selector:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
+from healer.actions.addresses import KubernetesAddresses
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.node_watch import NodeWatch
 from healer.config import KubernetesSettings
@@ -54,10 +55,14 @@ def test_reads_come_from_the_watch_and_changes_show(kube: ControlPlane, proxy: A
         wait_until(lambda: first in names(watch), timeout=30, what="the first list")
         assert proxy.lists(NODES) == 1
         adapter = KubernetesNodeActions(api, KubernetesSettings(domain="healer.dev"), node_watch=watch)
-        for _ in range(5):  # what a tick reads: pools, healer's marks, GPU nodes
+        addresses = KubernetesAddresses(
+            api, KubernetesSettings(domain="healer.dev", exporter_pod_selector=""), node_watch=watch
+        )
+        for _ in range(5):  # what a tick reads: pools, healer's marks, GPU nodes, node addresses
             assert first in adapter.node_pools()
             adapter.owned_nodes()
             assert first in adapter.gpu_nodes()
+            assert first in (addresses.address_book().node_names or ())
         assert proxy.lists(NODES) == 1  # none of those listed
 
         kube.add_nodes([second], gpus=0)
