@@ -41,6 +41,7 @@ burst (its audit log, from the pass's start) and the control plane's RSS. Needs
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import resource
@@ -62,8 +63,9 @@ from sqlalchemy import event
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from healer.actions.kubernetes import KubernetesNodeActions
+from healer.actions.node_watch import NodeWatch
 from healer.config import KubernetesSettings, SafetySettings, Settings
-from healer.controller import remediate
+from healer.controller import ownership, remediate
 from healer.model.findings import TickFindings
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store import migrate
@@ -133,6 +135,11 @@ class Emulator:
         count: int = self._conn.recv()
         return count
 
+    @property
+    def lists(self) -> int:
+        """Not counted on the emulator."""
+        return 0
+
     def api_client(self) -> ApiClient:
         return ApiClient(Configuration(host=self.host))
 
@@ -148,7 +155,14 @@ class Cluster(Protocol):
     @property
     def requests(self) -> int: ...
 
+    @property
+    def lists(self) -> int: ...
+
     def api_client(self) -> ApiClient: ...
+
+
+#: Collections healer lists (a GET of one of these, not a watch, is a LIST).
+LISTED = frozenset({"nodes", "pods", "poddisruptionbudgets", "events"})
 
 
 class KubeCluster:
@@ -168,13 +182,28 @@ class KubeCluster:
             raise RuntimeError(f"creating {nodes} KWOK nodes failed (exit {child.exitcode})")
         self.token = healer_token(cp)
         self.calls: Counter[str] = Counter()
+        self.listed: Counter[str] = Counter()
 
     @property
     def requests(self) -> int:
         return sum(self.calls.values())
 
+    @property
+    def lists(self) -> int:
+        return sum(self.listed.values())
+
     def api_client(self) -> ApiClient:
-        return counting(self.cp.client(self.token), self.calls)
+        api = counting(self.cp.client(self.token), self.calls)
+        original = api.call_api
+
+        def call_api(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            path = url.split("?")[0]
+            if method == "GET" and "watch=true" not in url and path.rsplit("/", 1)[-1] in LISTED:
+                self.listed[path] += 1
+            return original(method, url, *args, **kwargs)
+
+        api.call_api = call_api  # type: ignore[method-assign]
+        return api
 
 
 @dataclass(frozen=True)
@@ -188,12 +217,13 @@ class Pass:
     findings: int  # firing findings the pass was given
     moved: int  # nodes whose state changed
     started: float  # unix time s, when the pass began
+    lists: int = 0  # LIST requests (a GET of a collection, not a watch), where counted
 
 
 class Fleet:
     """A migrated database at ``url``, a cluster holding ``nodes`` nodes, the real adapter."""
 
-    def __init__(self, url: str, nodes: int, cluster: Cluster) -> None:
+    def __init__(self, url: str, nodes: int, cluster: Cluster, *, watched: bool = False) -> None:
         migrate.upgrade(url)
         self.engine = make_engine(url)
         self.sessions = make_sessionmaker(self.engine)
@@ -210,8 +240,19 @@ class Fleet:
                 breaker_percent=100,
             ),
         )
-        self.actions = KubernetesNodeActions(self.api, k8s, identity="bench", clock=lambda: T0)
+        # ``watched`` (--kube): the whole tick, as the scheduler runs it: the cluster's nodes from
+        # the watched store (healer.actions.node_watch), their pools, the ownership reconcile,
+        # then the pass; the store is synced before the first pass.
+        self.watch = NodeWatch(self.api, timeout=30) if watched else None
+        self.actions = KubernetesNodeActions(
+            self.api, k8s, identity="bench", clock=lambda: T0, node_watch=self.watch
+        )
         self.fleet = {name(i): "default" for i in range(nodes)}
+        if self.watch is not None:
+            self.watch.start()
+            deadline = time.monotonic() + 600
+            while self.watch.nodes() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
         self.statements = 0
         event.listen(self.engine, "before_cursor_execute", self._count)
 
@@ -222,15 +263,28 @@ class Fleet:
         """One pass over the nodes in ``firing`` newly firing (CPU: this process's; the cluster's
         and PostgreSQL's processes not included)."""
         statements, requests = self.statements, self.cluster.requests
+        lists = self.cluster.lists
         started, t0, cpu0 = time.time(), time.perf_counter(), time.process_time()
+        findings = TickFindings(at=at, firing={n: [hot(n)] for n in firing})
+        fleet = self.fleet
+        if self.watch is not None:  # the cluster view and the ownership reconcile, as a tick has them
+            fleet = self.actions.node_pools()
+            ownership.settle(
+                owned=self.actions.owned_nodes,
+                actions=self.actions,
+                sessions=self.sessions,
+                findings=findings,
+                now=at,
+                confirm=self.actions.owned_node,
+            )
         result = remediate(
-            findings=TickFindings(at=at, firing={n: [hot(n)] for n in firing}),
+            findings=findings,
             rules=RULES,
             actions=self.actions,
             session_factory=self.sessions,
             settings=self.settings,
             now=at,
-            fleet=self.fleet,
+            fleet=fleet,
         )
         return Pass(
             wall=time.perf_counter() - t0,
@@ -240,6 +294,7 @@ class Fleet:
             findings=len(firing),
             moved=len(result.states()),
             started=started,
+            lists=self.cluster.lists - lists,
         )
 
     def passes(self, burst: Sequence[str]) -> tuple[Pass, Pass]:
@@ -250,6 +305,8 @@ class Fleet:
         return quiet, self.tick(T0 + timedelta(seconds=30), burst)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         self.api.close()
         self.engine.dispose()
 
@@ -288,6 +345,19 @@ def database_urls(backends: list[str], workdir: Path) -> Iterator[dict[str, Any]
     yield makers
 
 
+def percentiles(times: Sequence[float]) -> str:
+    """P50 and P99 of the decision → cordon latency (the decision: the pass's start, when the
+    burst's findings are handed in), nearest-rank."""
+    if not times:
+        return ""
+    ordered = sorted(times)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    return f"; decision -> cordon P50 {rank(0.5):.2f} s, P99 {rank(0.99):.2f} s"
+
+
 def spread(times: Sequence[float]) -> str:
     """When the first and the last cordon of a burst were applied, s from the pass's start."""
     if not times:
@@ -321,7 +391,7 @@ def run_kube(args: argparse.Namespace) -> int:
         runs: list[tuple[str, list[str], Pass, Pass, tuple[float, float, float]]] = []
         with database_urls(args.backends, Path(tmp)) as urls:
             for offset, (backend, make_url) in enumerate(urls.items()):
-                fleet = Fleet(make_url(), args.nodes, cluster)
+                fleet = Fleet(make_url(), args.nodes, cluster, watched=True)
                 newly = burst(args.nodes, args.percent, offset)
                 try:
                     runs.append((backend, newly, *fleet.passes(newly), os.getloadavg()))
@@ -334,11 +404,12 @@ def run_kube(args: argparse.Namespace) -> int:
     for backend, newly, quiet, firing, load in runs:
         times = sorted(cordons[n] - firing.started for n in newly if n in cordons)
         print(report(backend, args.nodes, quiet, firing))
-        print(f"{'':10s} cordoned {len(times)} of {len(newly)}" + spread(times))
+        print(f"{'':10s} LIST requests: quiet tick {quiet.lists}, burst tick {firing.lists}")
+        print(f"{'':10s} cordoned {len(times)} of {len(newly)}" + spread(times) + percentiles(times))
         print(
             f"{'':10s} load average after the passes (1, 5, 15 min): " + ", ".join(f"{x:.1f}" for x in load)
         )
-        ok = ok and quiet.wall < 0.3 and firing.wall < 5 and len(times) == len(newly)
+        ok = ok and quiet.wall < 0.3 and quiet.lists == 0 and firing.wall < 5 and len(times) == len(newly)
     components = ", ".join(f"{k} {v:.0f}" for k, v in memory.items())
     print(
         f"controller (this process) peak RSS {rss:.0f} MiB; "
