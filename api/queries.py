@@ -856,6 +856,8 @@ def blind_spots(session: Session) -> BlindSpotsOut:
         return BlindSpotsOut(observed_at=None, spots=[], unresolved=[], errors=[])
     return BlindSpotsOut(
         observed_at=report.observed_at,
+        total=report.found,
+        per_rule=report.per_rule,
         spots=[BlindSpotOut(**spot.as_dict()) for spot in report.spots],
         unresolved=[UnresolvedSeriesOut(series=u.series, why=u.why) for u in report.unresolved],
         errors=list(report.errors),

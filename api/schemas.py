@@ -196,6 +196,8 @@ class BlindSpotsOut(BaseModel):
     """The last blind-spot observation (the controller's, every ``safety.coverage_refresh_seconds``)."""
 
     observed_at: datetime | None = Field(description="null: never observed (no controller has run yet).")
+    total: int = Field(0, description="Places found; `spots` holds the first 2,000 (by node, rule, place).")
+    per_rule: dict[str, int] = Field(default_factory=dict, description="Rule → its places, exact.")
     spots: list[BlindSpotOut]
     unresolved: list[UnresolvedSeriesOut]
     errors: list[str] = Field(description="Queries that failed: the places they would show are unknown.")

@@ -267,11 +267,16 @@ def judge(
             continue
         judged.append(rule.name)
         fams = {f.name for i in rule_inputs if (f := family_of(i)) is not None}
+        # Thousands of GPUs lacking the same inputs are one question per rule, not thousands.
+        verdicts: dict[frozenset[Input], list[str]] = {}
         for fam in sorted(fams):
             for (node, scope), lacking in sorted(lack.get((rule.node_labels, fam), {}).items()):
-                gone = {n for i in lacking for n in i.names}
-                seen = (every_name - gone) | absent_fleet_wide
-                missing = [str(i) for i in missing_inputs(rule.expr, seen) if _judged(i)]
+                key = frozenset(lacking)
+                if key not in verdicts:
+                    gone = {n for i in lacking for n in i.names}
+                    seen = (every_name - gone) | absent_fleet_wide
+                    verdicts[key] = [str(i) for i in missing_inputs(rule.expr, seen) if _judged(i)]
+                missing = verdicts[key]
                 if missing:
                     spots.append(
                         BlindSpot(
@@ -296,9 +301,15 @@ def judge(
                 for node in silent
                 if missing
             ]
+    found = tuple(sorted(set(spots)))
+    per_rule: dict[str, int] = {}
+    for spot in found:
+        per_rule[spot.rule] = per_rule.get(spot.rule, 0) + 1
     return BlindReport(
         observed_at=now,
-        spots=tuple(sorted(set(spots))),
+        spots=found,
+        total=len(found),
+        per_rule=per_rule,
         unresolved=tuple(sorted(resolver.unresolved.values())),
         errors=tuple(answers.errors),
         rules=tuple(judged),

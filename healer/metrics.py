@@ -314,7 +314,7 @@ def _blind_spot_families(session: Session) -> Iterable[Metric]:
     places = GaugeMetricFamily(
         "healer_blind_spot_places", "Blind spots in all (one per rule and scope), at the last observation."
     )
-    places.add_metric([], float(len(report.spots)))
+    places.add_metric([], float(report.found))
     yield places
     when = GaugeMetricFamily(
         "healer_blind_spots_observed_timestamp_seconds", "Unix time of the last blind-spot observation."

@@ -397,13 +397,13 @@ class Controller:
         with transaction(self.session_factory) as session:
             before = BlindReport.from_switch(repo.get_switch(session, repo.SWITCH_BLIND_SPOTS))
             repo.set_switch(session, repo.SWITCH_BLIND_SPOTS, report.as_switch(), now=now, by=self.identity)
-        if before is not None and len(before.spots) == len(report.spots):
+        if before is not None and before.found == report.found:
             return
         nodes = report.by_node()
         if report.spots:
             log.warning(
                 "blind spots: %d place(s) on %d node(s) where a rule cannot see",
-                len(report.spots),
+                report.found,
                 len(nodes),
                 extra={"nodes": {n: sorted({x.rule for x in f}) for n, f in list(nodes.items())[:20]}},
             )

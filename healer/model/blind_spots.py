@@ -16,6 +16,9 @@ from typing import Any
 
 #: The scope of a spot that is the whole node (it exports nothing of the rule's family).
 WHOLE_NODE = "node"
+#: Most spots stored (and shown) per observation; ``total`` and ``per_rule`` stay exact. A fleet
+#: half of which lacks a field is thousands of GPUs: the first ones, sorted by node, tell the story.
+MAX_STORED_SPOTS = 2000
 
 
 @dataclass(frozen=True, order=True)
@@ -58,10 +61,12 @@ class UnresolvedSeries:
 class BlindReport:
     """One observation of every rule's blind spots.
 
-    ``observed_at``: when (the controller's clock, UTC); ``spots``: sorted by node, rule, scope;
-    ``unresolved``: series that named no Node (never counted for any node); ``errors``: queries
-    that failed (the spots they would have found are unknown, said on every page that shows
-    spots); ``rules``: the rules judged (those reading a dcgm-exporter or InfiniBand metric).
+    ``observed_at``: when (the controller's clock, UTC); ``spots``: sorted by node, rule, scope
+    (stored: at most :data:`MAX_STORED_SPOTS`); ``unresolved``: series that named no Node (never
+    counted for any node); ``errors``: queries that failed (the spots they would have found are
+    unknown, said on every page that shows spots); ``rules``: the rules judged (those reading a
+    dcgm-exporter or InfiniBand metric); ``total``: how many spots were found (None: all are in
+    ``spots``); ``per_rule``: rule → its spots, exact.
     """
 
     observed_at: datetime
@@ -69,6 +74,13 @@ class BlindReport:
     unresolved: tuple[UnresolvedSeries, ...] = ()
     errors: tuple[str, ...] = ()
     rules: tuple[str, ...] = ()
+    total: int | None = None
+    per_rule: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def found(self) -> int:
+        """How many spots the observation found (stored or not)."""
+        return len(self.spots) if self.total is None else self.total
 
     def for_node(self, node: str) -> list[BlindSpot]:
         """The spots of ``node`` (its name as Kubernetes writes it)."""
@@ -89,10 +101,16 @@ class BlindReport:
         return out
 
     def as_switch(self) -> dict[str, Any]:
-        """The value stored in the ``blind_spots`` switch."""
+        """The value stored in the ``blind_spots`` switch (the first :data:`MAX_STORED_SPOTS`)."""
+        per_rule: dict[str, int] = dict(self.per_rule)
+        if not per_rule:
+            for spot in self.spots:
+                per_rule[spot.rule] = per_rule.get(spot.rule, 0) + 1
         return {
             "observed_at": self.observed_at.isoformat(),
-            "spots": [s.as_dict() for s in self.spots],
+            "total": self.found,
+            "per_rule": per_rule,
+            "spots": [s.as_dict() for s in self.spots[:MAX_STORED_SPOTS]],
             "unresolved": [{"series": u.series, "why": u.why} for u in self.unresolved],
             "errors": list(self.errors),
             "rules": list(self.rules),
@@ -121,19 +139,6 @@ class BlindReport:
             ),
             errors=tuple(str(e) for e in value.get("errors", ())),
             rules=tuple(str(r) for r in value.get("rules", ())),
+            total=int(value["total"]) if value.get("total") is not None else None,
+            per_rule={str(k): int(v) for k, v in (value.get("per_rule") or {}).items()},
         )
-
-
-@dataclass(frozen=True)
-class NodeBlindness:
-    """What the node page says: the node's spots, grouped by rule (rule → its spots)."""
-
-    by_rule: dict[str, list[BlindSpot]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, report: BlindReport | None, node: str) -> NodeBlindness:
-        """The node's spots in ``report`` (none when never observed)."""
-        out: dict[str, list[BlindSpot]] = {}
-        for spot in report.for_node(node) if report else []:
-            out.setdefault(spot.rule, []).append(spot)
-        return cls(by_rule=out)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from healer.blind_spots import DCGM, INFINIBAND, Answers, judge, lacking_query, plans, presence_of
 from healer.model.addresses import build_address_book
-from healer.model.blind_spots import WHOLE_NODE, BlindReport
+from healer.model.blind_spots import MAX_STORED_SPOTS, WHOLE_NODE, BlindReport
 from healer.ruleset.inputs import Input
 from healer.ruleset.loading import load_ruleset
 
@@ -140,3 +140,16 @@ def test_the_queries_compare_like_with_like() -> None:
     # Event metrics (absent until the first Xid) are never expected; node_infiniband_info has no port.
     assert "DCGM_FI_DEV_XID_ERRORS" not in presence_of(PACK)
     assert "node_infiniband_info" not in presence_of(PACK)
+
+
+def test_a_large_observation_stores_the_first_spots_and_exact_counts() -> None:
+    """Half a fleet lacking a field is thousands of GPUs: the switch keeps the first ones (the
+    dashboard shows 50), the totals stay exact for the page and /metrics."""
+    rows = [gpu(f"gpu-{n:05d}", i) for n in range(400) for i in range(8)]  # 3,200 GPUs
+    answers = Answers(present=everything_present(), lacking={(plan_index(DCGM.name, TEMP), TEMP): rows})
+    report = judge(ruleset=PACK, answers=answers, now=NOW)
+    stored = BlindReport.from_switch(report.as_switch())
+    assert stored is not None
+    assert len(stored.spots) == MAX_STORED_SPOTS < report.found == stored.found
+    assert stored.per_rule == report.per_rule and stored.per_rule["GpuTooHot"] == 3200
+    assert stored.spots == report.spots[:MAX_STORED_SPOTS]
