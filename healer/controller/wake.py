@@ -51,6 +51,11 @@ class Wakeups:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def pending(self) -> bool:
+        """A run is requested and has not started yet."""
+        return self._requested.is_set() and not self._stopping.is_set()
+
     def request(self) -> None:
         """Ask for a run: the next one if none is pending (returns at once, never blocks)."""
         self._requested.set()
