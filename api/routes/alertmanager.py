@@ -23,8 +23,11 @@ Answers:
 - 503: this replica does not lead (a standby): Alertmanager retries, and the Service may send the
   retry to the leader; the leader's poll sees the alert in any case.
 
+Each answer is counted in ``healer_alertmanager_notifications_total{result}`` (:mod:`healer.metrics`).
+
 Reads ``app.state.settings``, ``app.state.wake`` (a callable: True when an early tick will run,
-None without a controller) and ``app.state.ruleset_provider`` (each rule's node labels, for the log).
+None without a controller), ``app.state.ruleset_provider`` (each rule's node labels, for the log)
+and ``app.state.metrics``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 
 from healer.config import DetectionSettings, Settings
 from healer.errors import TicketError
+from healer.metrics import HealerMetrics
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.sources.alertmanager import NotificationError, read_notification
 from healer.tickets.signing import load_secret
@@ -48,6 +52,8 @@ log = logging.getLogger(__name__)
 router = APIRouter(tags=["alerts"])
 
 WEBHOOK_PATH = "/api/v1/alertmanager/webhook"
+#: ``healer_alertmanager_notifications`` results of the refusals, by status.
+_REFUSALS = {400: "malformed", 401: "refused", 404: "no_controller", 503: "standby"}
 
 
 class WebhookResult(BaseModel):
@@ -153,12 +159,19 @@ async def alertmanager_webhook(request: Request) -> WebhookResult:
     body = await request.body()  # bounded by the app's body limit (api.limits)
     state = request.app.state
     settings: Settings = state.settings
-    return await run_in_threadpool(
-        _handle,
-        body=body,
-        authorization=request.headers.get("authorization", ""),
-        client=request.client.host if request.client else "unknown",
-        detection=settings.detection,
-        wake=getattr(state, "wake", None),
-        rules=state.ruleset_provider,
-    )
+    metrics: HealerMetrics = state.metrics
+    try:
+        result = await run_in_threadpool(
+            _handle,
+            body=body,
+            authorization=request.headers.get("authorization", ""),
+            client=request.client.host if request.client else "unknown",
+            detection=settings.detection,
+            wake=getattr(state, "wake", None),
+            rules=state.ruleset_provider,
+        )
+    except HTTPException as exc:
+        metrics.count_notification(_REFUSALS.get(exc.status_code, "error"))
+        raise
+    metrics.count_notification("woken" if result.woken else "not_ours")
+    return result

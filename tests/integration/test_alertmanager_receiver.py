@@ -160,6 +160,7 @@ def test_refuses_a_request_without_the_token(
     assert why in r.json()["error"]["message"]
     assert f"refused an Alertmanager notification from 127.0.0.1: {why}" in caplog.text
     assert leader.ticks == 0 and not leader.wakeups.pending
+    assert 'healer_alertmanager_notifications_total{result="refused"} 1.0' in client.get("/metrics").text
 
 
 def test_refuses_everything_when_no_token_is_configured(
@@ -211,7 +212,8 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(
 def test_a_node_that_does_not_exist_costs_one_poll_and_nothing_else(
     receiver: Callable[..., httpx.Client], leader: Leader, sessions: sessionmaker[Session]
 ) -> None:
-    r = receiver().post(PATH, json=notification(hot("no-such-node")), headers=BEARER)
+    client = receiver()
+    r = client.post(PATH, json=notification(hot("no-such-node")), headers=BEARER)
     assert r.status_code == 200
     assert r.json() == {
         "woken": True,
@@ -221,6 +223,7 @@ def test_a_node_that_does_not_exist_costs_one_poll_and_nothing_else(
         "nodes": ["no-such-node"],
     }
     wait_until(lambda: leader.ticks == 1, timeout=10, what="the early tick")
+    assert 'healer_alertmanager_notifications_total{result="woken"} 1.0' in client.get("/metrics").text
     with sessions() as s:
         assert s.scalars(select(Node.name)).all() == []
 
