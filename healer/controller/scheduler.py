@@ -170,8 +170,10 @@ class Controller:
     _scheduler: BackgroundScheduler | None = None
     #: Early ticks on request (alerts mode, started by :meth:`start`); None: :meth:`wake` is off.
     _wakeups: Wakeups | None = None
-    #: The evaluation time of the last early tick: no tick evaluates before it (a scheduled tick
-    #: right after it would evaluate at its grid time, slightly earlier).
+    #: The evaluation times of the last tick and of the last early tick. Ticks never go back in
+    #: time: an early tick runs at the clock's time, no earlier than the last tick (which may have
+    #: run at a grid time a little ahead of the clock), and a scheduled tick no earlier than it.
+    _last_now: datetime | None = None
     _woken_at: datetime | None = None
     _backoff: Backoff = field(default_factory=Backoff)
     #: The rules' coverage (rule → nodes exporting its input metrics), when it was observed, and
@@ -253,9 +255,10 @@ class Controller:
             if not woken and self._tick_origin is not None and self._tick_seconds > 0:
                 now = scheduled_tick_time(self._tick_origin, self._tick_seconds, started)
             if woken:
-                self._woken_at = now
+                now = self._woken_at = max(now, self._last_now or now)
             elif self._woken_at is not None:
                 now = max(now, self._woken_at)
+            self._last_now = now
             ruleset = self.rules.ruleset
             due = (
                 {g.name for g in ruleset.groups}
