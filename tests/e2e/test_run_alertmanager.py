@@ -35,8 +35,9 @@ from healer.store import nodes as repo
 from healer.store.models import Node
 from healer_dev.simulator.scenario import HotGpu
 from tests.e2e.harness import Healer, Metrics, World
-from tests.integration.test_alertmanager_receiver import hot, notification
+from tests.integration.test_alertmanager_receiver import hot
 from tests.services import AlertmanagerServer, wait_until
+from tests.unit.test_alertmanager_payload import notification
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.alertmanager]
 

@@ -35,6 +35,7 @@ from healer.store.session import make_engine, make_sessionmaker
 from healer.wiring import dashboard
 from tests.integration.test_ticket_callbacks import serve
 from tests.services import AlertmanagerServer, wait_until
+from tests.unit.test_alertmanager_payload import alert, notification
 
 PATH = "/api/v1/alertmanager/webhook"
 TOKEN = "alertmanager-token-for-tests-0123456789"
@@ -107,30 +108,9 @@ def receiver(
         yield start
 
 
-def notification(*alerts: dict[str, Any]) -> dict[str, Any]:
-    """An Alertmanager 0.25 webhook message (notify/webhook/webhook.go: version 4)."""
-    return {
-        "receiver": "healer",
-        "status": "firing",
-        "alerts": list(alerts),
-        "groupLabels": {},
-        "commonLabels": {},
-        "commonAnnotations": {},
-        "externalURL": "http://127.0.0.1:9093",
-        "version": "4",
-        "groupKey": "{}:{}",
-        "truncatedAlerts": 0,
-    }
-
-
 def hot(node: str) -> dict[str, Any]:
-    return {
-        "status": "firing",
-        "labels": {"alertname": "GpuTooHot", "healer_rule": "GpuTooHot", "Hostname": node, "gpu": "3"},
-        "annotations": {},
-        "startsAt": "2026-12-03T17:00:00Z",
-        "endsAt": "0001-01-01T00:00:00Z",
-    }
+    """A firing alert of healer's rule GpuTooHot naming ``node``."""
+    return alert(alertname="GpuTooHot", healer_rule="GpuTooHot", Hostname=node, gpu="3")
 
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}

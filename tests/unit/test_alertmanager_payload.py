@@ -23,22 +23,25 @@ def alert(status: str = "firing", **labels: str) -> dict[str, Any]:
     }
 
 
+def notification(*alerts: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A webhook message as Alertmanager 0.25 sends it (notify/webhook: ``Message``, version 4)."""
+    return {
+        "receiver": "healer",
+        "status": "firing",
+        "alerts": list(alerts),
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "version": "4",
+        "groupKey": '{}:{alertname="GpuTooHot"}',
+        "truncatedAlerts": 0,
+        **extra,
+    }
+
+
 def message(*alerts: dict[str, Any], **extra: Any) -> bytes:
-    return json.dumps(
-        {
-            "receiver": "healer",
-            "status": "firing",
-            "alerts": list(alerts),
-            "groupLabels": {},
-            "commonLabels": {},
-            "commonAnnotations": {},
-            "externalURL": "http://alertmanager:9093",
-            "version": "4",
-            "groupKey": '{}:{alertname="GpuTooHot"}',
-            "truncatedAlerts": 0,
-            **extra,
-        }
-    ).encode()
+    return json.dumps(notification(*alerts, **extra)).encode()
 
 
 def node_labels(rule: str) -> tuple[str, ...]:
