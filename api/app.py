@@ -8,7 +8,8 @@ the controller (passing the live providers), ``healer serve`` runs it on its own
 Routes: the dashboard pages (``/``, ``/nodes/{name}``, ``/tickets``, ``/rules``, ``/audit``,
 ``/login``) and their operator forms, a rule's backtest report (``/rules/{name}/backtest``), the
 JSON API under ``/api/v1`` (OpenAPI at ``/docs``), the inbound provider callbacks (when the
-tickets feature provides them), and ``/healthz``, ``/readyz``, ``/metrics``.
+tickets feature provides them), Alertmanager's webhook (``/api/v1/alertmanager/webhook``: an early
+tick of the controller in this process), and ``/healthz``, ``/readyz``, ``/metrics``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from api.errors import install_error_handlers
 from api.headers import SecurityHeadersMiddleware
 from api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from api.rendering import STATIC_DIR
-from api.routes import api_v1, backtest, docs, ops, pages, ticket_callbacks
+from api.routes import alertmanager, api_v1, backtest, docs, ops, pages, ticket_callbacks
 from api.sessions import RevokedSessions
 from healer import __version__
 from healer.config import Settings
@@ -52,6 +53,7 @@ def create_app(
     ruleset_provider: Callable[[], RuleSet | None] | None = None,
     leader_provider: Callable[[], bool] | None = None,
     controller_in_process: bool = False,
+    wake: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """Build the dashboard and API app.
 
@@ -68,6 +70,8 @@ def create_app(
         leader_provider: returns whether this process holds the leader Lease (shown by ``/readyz``).
         controller_in_process: a controller runs in this process (``healer run``): ``/readyz``
             fails when its ticks stop; otherwise it only shows them.
+        wake: asks the controller in this process for an early tick, True when one will run
+            (:meth:`healer.controller.Controller.wake`); None: Alertmanager's webhook answers 404.
 
     The app keeps them on ``app.state`` (``settings``, ``session_factory``, ``clock``, ...).
     """
@@ -86,6 +90,7 @@ def create_app(
     app.state.ruleset_provider = ruleset_provider
     app.state.leader_provider = leader_provider
     app.state.controller_in_process = controller_in_process
+    app.state.wake = wake
     app.state.metrics = metrics
     app.state.metrics.register_database(session_factory)
     app.state.auth = Auth(
@@ -107,6 +112,7 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(api_v1.router)
     app.include_router(ticket_callbacks.router)
+    app.include_router(alertmanager.router)
     app.include_router(docs.router)
     app.include_router(pages.router)
     app.include_router(backtest.router)

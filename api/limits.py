@@ -104,9 +104,10 @@ async def _refuse(send: Send, status: int, code: str, message: str) -> None:
 
 #: Requests handled at once per lane; a request outside every lane is never queued.
 LANES = {"pages": 2, "backtest": 1}
-#: Never queued: the probes, the scrape, static files, and node pages, which spend their time
-#: waiting on Prometheus for their chart, bounded by their own gate (``api.charts.ChartGate``).
-UNQUEUED = re.compile(r"/healthz|/readyz|/metrics|/nodes/[^/]+|/static/.+")
+#: Never queued: the probes, the scrape, static files, node pages, which spend their time
+#: waiting on Prometheus for their chart, bounded by their own gate (``api.charts.ChartGate``), and
+#: Alertmanager's webhook (it only wakes the controller: an alert must not wait behind pages).
+UNQUEUED = re.compile(r"/healthz|/readyz|/metrics|/nodes/[^/]+|/static/.+|/api/v1/alertmanager/webhook")
 #: A rule's backtest replays days of history: one at a time, beside the other pages.
 BACKTEST = re.compile(r"/rules/[^/]+/backtest")
 

@@ -80,6 +80,35 @@ class DetectionSettings(_Group):
             "intervals ago is stale; healer neither fires nor resolves on it (its rule is frozen)."
         ),
     )
+    alertmanager_token_env: str | None = Field(
+        None,
+        description=(
+            "alerts mode: environment variable holding the bearer token Alertmanager sends to "
+            "POST /api/v1/alertmanager/webhook (docs/operations.md); unset with "
+            "alertmanager_token_file: the receiver refuses every request."
+        ),
+    )
+    alertmanager_token_file: Path | None = Field(
+        None, description="alerts mode: file holding that bearer token (a Secret mount); re-read per request."
+    )
+    wake_min_interval_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description=(
+            "alerts mode: Alertmanager notifications start an early tick at most this often, "
+            "seconds; those arriving meanwhile share one tick."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _receiver_only_in_alerts_mode(self) -> DetectionSettings:
+        if self.mode != "alerts" and (self.alertmanager_token_env or self.alertmanager_token_file):
+            raise ValueError(
+                "alertmanager_token_env/_file: the Alertmanager receiver wakes alerts mode only; "
+                "set detection.mode: alerts (query mode has no alerts to be told about)"
+            )
+        return self
 
 
 class KubernetesSettings(_Group):

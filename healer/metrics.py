@@ -3,7 +3,7 @@
 Two kinds:
 
 * Event metrics the controller updates as it works (:class:`HealerMetrics` methods): ticks, tick
-  duration, per-rule health, actions by kind and result.
+  duration, per-rule health, actions by kind and result, Alertmanager's notifications by result.
 * State metrics read from the database on each scrape (:class:`DatabaseCollector`): nodes by
   lifecycle state, pending and firing findings per rule, breaker and pause switches, outbox depth
   and delivery failures. Reading them at
@@ -109,6 +109,14 @@ class HealerMetrics:
             registry=self.registry,
         )
         self._unresolved_example: dict[str, str] = {}
+        self.alertmanager_notifications = Counter(
+            "healer_alertmanager_notifications",
+            "Alertmanager webhook requests, by result: woken (an early tick), not_ours (no alert of "
+            "healer's rules), refused (401: no or a wrong token), malformed (400), standby (503: "
+            "not the leader), no_controller (404: healer serve).",
+            ["result"],
+            registry=self.registry,
+        )
         self.label_values_cleaned = Counter(
             "healer_label_values_cleaned",
             "Series evaluated with label values cleaned first (NUL, invalid text, overlong node "
@@ -182,6 +190,10 @@ class HealerMetrics:
             self.rule_health.labels(rule=rule, health=str(value)).set(1.0 if value == health else 0.0)
         if evaluated_at_unix is not None:
             self.rule_last_evaluation.labels(rule=rule).set(evaluated_at_unix)
+
+    def count_notification(self, result: str) -> None:
+        """Count one Alertmanager webhook request by result (see ``healer_alertmanager_notifications``)."""
+        self.alertmanager_notifications.labels(result=result).inc()
 
     def count_action(self, kind: str, result: str) -> None:
         """Count one action by kind and result (an :class:`~healer.model.states.ActionStatus`)."""

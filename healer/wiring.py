@@ -204,12 +204,14 @@ def dashboard(
     prometheus: PrometheusRange | None = None,
     history: PrometheusRange | None = None,
     controller_in_process: bool = False,
+    wake: Callable[[], bool] | None = None,
 ) -> FastAPI:
     """The dashboard and API app, with its chart source (unless given: range queries on
     ``settings.prometheus``, each at most :data:`CHART_TIMEOUT_SECONDS`), its history source for
     the Rules page's backtest (unless given: range queries on ``settings.prometheus`` with its own
     ``timeout_seconds``) and a metrics registry (a fresh one unless given).
-    ``controller_in_process``: ``healer run`` (its readiness follows the controller's ticks)."""
+    ``controller_in_process``: ``healer run`` (its readiness follows the controller's ticks);
+    ``wake``: its controller's early tick, for Alertmanager's webhook."""
     from api.app import create_app
     from healer.metrics import HealerMetrics
     from healer.sources.prometheus_range import PrometheusRange
@@ -234,6 +236,7 @@ def dashboard(
         ruleset_provider=ruleset_provider,
         leader_provider=leader_provider,
         controller_in_process=controller_in_process,
+        wake=wake,
     )
 
 
@@ -397,5 +400,6 @@ def build_process(
         leader_provider=controller.is_leader,
         metrics=metrics,
         controller_in_process=True,
+        wake=controller.wake,
     )
     return Process(controller=controller, app=app)

@@ -140,6 +140,7 @@ def prometheus_server(
     workdir: Path | None = None,
     port: int | None = None,
     metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
+    alertmanagers: Sequence[str] = (),
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus scraping ``targets`` with a short interval; stop it on exit.
 
@@ -148,6 +149,7 @@ def prometheus_server(
     files (e.g. the fleet simulator's), scraped as one job ``fleet``. ``workdir`` keeps the config,
     data and log there (kept on exit); default a temporary directory removed on exit.
     ``metric_relabel_configs`` is added to every scrape job (:func:`scrape_configs`).
+    ``alertmanagers`` (host:port each) receive the alerts of ``rule_files`` (API v2).
     """
     keep = workdir is not None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-prom-"))
@@ -166,6 +168,10 @@ def prometheus_server(
         "scrape_configs": configs,
         "rule_files": [str(p.resolve()) for p in rule_files],
     }
+    if alertmanagers:
+        config["alerting"] = {
+            "alertmanagers": [{"api_version": "v2", "static_configs": [{"targets": list(alertmanagers)}]}]
+        }
     (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
     try:
         with local_prometheus(

@@ -1,5 +1,6 @@
 """Shared fixtures: real PostgreSQL (one server per session) and databases on both backends; a real
-VictoriaMetrics (one per session); a real Kubernetes control plane (one per session, when built).
+VictoriaMetrics (one per session); a real Alertmanager (one per session); a real Kubernetes control
+plane (one per session, when built).
 
 A service missing here skips the tests that need it, one line per service in the summary
 (``tests/service_skips.py``); ``.ci/run`` installs them all and sets ``HEALER_REQUIRE_SERVICES=1``
@@ -26,9 +27,11 @@ from tests.helm import rendered_objects, require_helm
 from tests.kube_cluster import BUILD_HINT, ControlPlane, control_plane, find_binaries
 from tests.kube_cluster import REPORT as KUBE_REPORT
 from tests.services import (
+    AlertmanagerServer,
     PostgresServer,
     SharedVictoriaMetrics,
     SharedVmalert,
+    alertmanager_server,
     postgres_server,
     shared_victoria_metrics,
     shared_vmalert,
@@ -154,6 +157,15 @@ def vmalert(
     (``-datasource.queryTimeAlignment=false``), notifications to a closed port."""
     with shared_vmalert(tmp_path_factory.mktemp("vmalert"), vmalert_victoria_metrics.url) as alert:
         yield alert
+
+
+@pytest.fixture(scope="session")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AlertmanagerServer]:
+    """Alertmanager (Debian package ``prometheus-alertmanager``) on loopback for the session,
+    clustering off, its data in a temporary directory; a test points it at its healer with
+    ``deliver_to(url, token_file)`` (each alert its own group, sent at once)."""
+    with alertmanager_server(workdir=tmp_path_factory.mktemp("alertmanager")) as server:
+        yield server
 
 
 # --- a real Kubernetes control plane (tests/kube_cluster.py) --------------------------------------

@@ -3,9 +3,10 @@ pytest's summary per service; CI fails them instead (``HEALER_REQUIRE_SERVICES=1
 ``.ci/run`` once it has installed them).
 
 Services are the binaries of Debian packages (PostgreSQL, Prometheus and promtool,
-VictoriaMetrics and vmalert, node_exporter, Chromium). Every way the tests reach one raises
-:class:`~healer.errors.BinaryNotFound` when it is missing: :func:`healer.sources.local_server.find_binary`
-(Prometheus, promtool, VictoriaMetrics, vmalert), the node_exporter and PostgreSQL helpers, and
+VictoriaMetrics and vmalert, Alertmanager, node_exporter, Chromium). Every way the tests reach one
+raises :class:`~healer.errors.BinaryNotFound` when it is missing:
+:func:`healer.sources.local_server.find_binary` (Prometheus, promtool, VictoriaMetrics, vmalert,
+Alertmanager), the node_exporter and PostgreSQL helpers, and
 :func:`require_binary` where a test runs a binary itself. The hooks below turn that error, in a
 fixture or in a test, into a skip. Loaded by ``tests/conftest.py`` (``pytest_plugins``).
 """

@@ -1,8 +1,9 @@
 """Real services for tests: a throwaway PostgreSQL server, Prometheus and VictoriaMetrics servers,
-and vmalert evaluating rules against that VictoriaMetrics.
+vmalert evaluating rules against that VictoriaMetrics, and Alertmanager delivering to healer.
 
 Started by fixtures in ``tests/conftest.py``; nothing here is mocked. Binaries come from Debian's
-packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``), which ``.ci/run`` installs; a
+packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``, ``prometheus-alertmanager``),
+which ``.ci/run`` installs; a
 missing one raises :class:`~healer.errors.BinaryNotFound`, which skips the tests that need it
 (``tests/service_skips.py``).
 """
@@ -26,6 +27,7 @@ from typing import Any
 import httpx
 
 from healer.errors import BinaryNotFound
+from healer_dev.alertmanager import AlertmanagerServer, alertmanager_server
 from healer_dev.prometheus import (
     PrometheusServer,
     ScrapeTarget,
@@ -37,12 +39,14 @@ from healer_dev.victoria_metrics import VictoriaMetricsServer, victoria_metrics_
 from healer_dev.vmalert import VmalertServer, vmalert_server
 
 __all__ = [
+    "AlertmanagerServer",
     "PostgresServer",
     "PrometheusServer",
     "ScrapeTarget",
     "SharedVictoriaMetrics",
     "SharedVmalert",
     "VictoriaMetricsServer",
+    "alertmanager_server",
     "free_port",
     "postgres_server",
     "prometheus_server",

@@ -4,7 +4,10 @@ Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not st
 
 * **lease**   every ``kubernetes.renew_interval_seconds``: acquire or renew the Lease.
 * **tick**    every rule-group interval (the shortest one): detection → remediation → record;
-  then single GPUs out or back (:mod:`healer.controller.gpu_isolation`).
+  then single GPUs out or back (:mod:`healer.controller.gpu_isolation`). In alerts mode also
+  on :meth:`Controller.wake` (Alertmanager's webhook): an early tick of every group at the clock's
+  time, at most once per ``detection.wake_min_interval_seconds`` (:mod:`healer.controller.wake`);
+  the scheduled ticks keep their grid.
 * **drains**  every ``scheduler.drain_interval_seconds``: one step of every drain in progress.
 * **outbox**  every ``scheduler.outbox_interval_seconds``: deliver due provider tickets.
 * **rules**   every 2 s: reload rule files that changed (SIGHUP reloads at once).
@@ -47,6 +50,7 @@ from healer.controller.fence import Fence, claim
 from healer.controller.gpu_isolation import GpuIsolationSync
 from healer.controller.passes import RemediationResult, advance_drains, remediate
 from healer.controller.quota_sync import QuotaSync
+from healer.controller.wake import Wakeups
 from healer.coverage import observe_coverage
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine import gpu_scope
@@ -182,6 +186,13 @@ class Controller:
     _why_not: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _scheduler: BackgroundScheduler | None = None
+    #: Early ticks on request (alerts mode, started by :meth:`start`); None: :meth:`wake` is off.
+    _wakeups: Wakeups | None = None
+    #: The evaluation times of the last tick and of the last early tick. Ticks never go back in
+    #: time: an early tick runs at the clock's time, no earlier than the last tick (which may have
+    #: run at a grid time a little ahead of the clock), and a scheduled tick no earlier than it.
+    _last_now: datetime | None = None
+    _woken_at: datetime | None = None
     _backoff: Backoff = field(default_factory=Backoff)
     #: The rules' coverage (rule → nodes exporting its input metrics), when it was observed, and
     #: for which rule set (a reload observes again).
@@ -232,22 +243,51 @@ class Controller:
 
     # -- jobs --------------------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """One evaluation tick: query → evaluate → advance lifecycles → act → record."""
+    def wake(self) -> bool:
+        """Ask for an early tick (alerts mode: Alertmanager says an alert of healer's changed).
+
+        Returns at once: True when a tick will run soon (coalesced with other requests, at most one
+        per ``detection.wake_min_interval_seconds``), False when it will not: this replica does not
+        lead, or the controller is not running in alerts mode. The tick reads Prometheus as any
+        tick does; nothing from the request goes into it.
+        """
+        if self._wakeups is None or not self.is_leader():
+            return False
+        self._wakeups.request()
+        return True
+
+    def _woken_tick(self) -> None:
+        self.tick(woken=True)
+
+    def tick(self, *, woken: bool = False) -> None:
+        """One evaluation tick: query → evaluate → advance lifecycles → act → record.
+
+        ``woken`` (an early tick, :meth:`wake`): every group at the clock's time, and the groups'
+        schedule is left as it is, so the scheduled ticks still run on time.
+        """
         if not self.is_leader():
             return
         with self._lock:
             started = self.clock()
             now = started
-            if self._tick_origin is not None and self._tick_seconds > 0:
+            if not woken and self._tick_origin is not None and self._tick_seconds > 0:
                 now = scheduled_tick_time(self._tick_origin, self._tick_seconds, started)
+            if woken:
+                now = self._woken_at = max(now, self._last_now or now)
+            elif self._woken_at is not None:
+                now = max(now, self._woken_at)
+            self._last_now = now
             ruleset = self.rules.ruleset
-            due = due_groups(
-                ruleset.groups,
-                self._group_last,
-                now,
-                default_interval=self.settings.scheduler.default_interval_seconds,
-                tick_seconds=self._tick_seconds,
+            due = (
+                {g.name for g in ruleset.groups}
+                if woken
+                else due_groups(
+                    ruleset.groups,
+                    self._group_last,
+                    now,
+                    default_interval=self.settings.scheduler.default_interval_seconds,
+                    tick_seconds=self._tick_seconds,
+                )
             )
             ok = True
             try:
@@ -262,7 +302,8 @@ class Controller:
                     addresses=self.addresses,
                 )
                 self.state = detection.state
-                self._group_last.update(dict.fromkeys(due, now))
+                if not woken:
+                    self._group_last.update(dict.fromkeys(due, now))
                 self._record_source(detection, now)
                 for report in detection.reports:
                     self.metrics.set_rule_health(
@@ -531,6 +572,9 @@ class Controller:
             )
         scheduler.start()
         self._scheduler = scheduler
+        if s.detection.mode == "alerts":
+            self._wakeups = Wakeups(self._woken_tick, min_interval=s.detection.wake_min_interval_seconds)
+            self._wakeups.start()
         ruleset = self.rules.ruleset
         log.info(
             "controller started: %d rules in %d groups, Prometheus %s, %s",
@@ -545,6 +589,9 @@ class Controller:
 
     def stop(self) -> None:
         """Graceful shutdown: let the running job finish its step, then hand the Lease over."""
+        if self._wakeups is not None:
+            self._wakeups.stop()
+            self._wakeups = None
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None

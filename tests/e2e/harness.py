@@ -346,16 +346,31 @@ class World:
 
     @contextlib.contextmanager
     def metrics(
-        self, nodes: int, scenario: str, *, wait_for: str | None = None, scrape_interval: str = "1s"
+        self,
+        nodes: int,
+        scenario: str,
+        *,
+        wait_for: str | None = None,
+        scrape_interval: str = "1s",
+        rule_files: Sequence[Path] = (),
+        alertmanagers: Sequence[str] = (),
     ) -> Iterator[Metrics]:
         """The fleet simulator (``nodes`` nodes named as :meth:`node_name`, ``scenario``) scraped
-        every ``scrape_interval`` by a real Prometheus; waits until ``wait_for`` (PromQL) has samples."""
+        every ``scrape_interval`` by a real Prometheus; waits until ``wait_for`` (PromQL) has samples.
+        Prometheus evaluates ``rule_files`` (alerts mode) and sends their alerts to ``alertmanagers``
+        (host:port each)."""
         config = FleetConfig(nodes=nodes, node_prefix=f"{self.prefix}-gpu-")
         fleet = Fleet(config, parse_scenario(scenario))
         clock = ElapsedClock()
         with SimulatorServer(fleet, clock=clock) as simulator:
             sd = simulator.write_file_sd(self.tmp_path / "targets.json")
-            with prometheus_server([], file_sd=[sd], scrape_interval=scrape_interval) as prometheus:
+            with prometheus_server(
+                [],
+                file_sd=[sd],
+                scrape_interval=scrape_interval,
+                rule_files=rule_files,
+                alertmanagers=alertmanagers,
+            ) as prometheus:
                 if wait_for:
                     prometheus.wait_for_samples(wait_for, timeout=60)
                 yield Metrics(prometheus, fleet, clock)

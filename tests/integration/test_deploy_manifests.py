@@ -549,6 +549,31 @@ def test_more_than_one_replica_needs_the_csrf_secret(helm: str) -> None:
     assert not any(o["kind"] == "PodDisruptionBudget" for o in objects)
 
 
+def test_alertmanager_token_is_a_mounted_secret_for_alerts_mode(helm: str, tmp_path: Path) -> None:
+    token = ("--set", "alertmanagerToken.name=healer-alertmanager")
+    refused = template(helm, *IMAGE, *token)
+    assert refused.returncode != 0
+    assert "alertmanagerToken wakes alerts mode only: set settings.detection.mode: alerts" in refused.stderr
+    result = template(helm, *IMAGE, *token, "--set", "settings.detection.mode=alerts")
+    assert result.returncode == 0, result.stderr
+    objects = documents(result.stdout)
+    container = _container(objects)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in _one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    items = {
+        (source["secret"]["name"], item["key"]): item["path"]
+        for source in volumes["secrets"]["projected"]["sources"]
+        for item in source["secret"]["items"]
+    }
+    config = tmp_path / "healer.yaml"
+    config.write_text(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"], encoding="utf-8")
+    settings = load_settings(config)
+    assert settings.detection.mode == "alerts"
+    assert settings.detection.alertmanager_token_file == (
+        Path(mounts["secrets"]) / items[("healer-alertmanager", "token")]
+    )
+
+
 @pytest.mark.parametrize(
     ("setting", "complaint"),
     [

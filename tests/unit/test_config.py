@@ -80,6 +80,16 @@ def test_detection_mode_picks_the_source(monkeypatch: pytest.MonkeyPatch) -> Non
         assert alerts.stale_after_intervals == 5
 
 
+def test_the_alertmanager_token_needs_alerts_mode(tmp_path: Path) -> None:
+    config, message = _load_error(tmp_path, "detection:\n  alertmanager_token_file: /secrets/token\n")
+    assert message.startswith(f"{config}: ") and "detection" in message
+    assert "the Alertmanager receiver wakes alerts mode only; set detection.mode: alerts" in message
+    (tmp_path / "alerts.yaml").write_text(
+        "detection:\n  mode: alerts\n  alertmanager_token_file: /secrets/token\n"
+    )
+    assert load_settings(tmp_path / "alerts.yaml").detection.alertmanager_token_file == Path("/secrets/token")
+
+
 @pytest.mark.parametrize(
     ("text", "problem"),
     [

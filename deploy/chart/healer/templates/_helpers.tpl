@@ -32,7 +32,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* Where the Secret files are mounted; providers' secret_file and callback_secret_file point here. */}}
+{{/* Where the Secret files are mounted; providers' secret_file, callback_secret_file and
+     detection.alertmanager_token_file point here. */}}
 {{- define "healer.secretsDir" -}}/etc/healer/secrets{{- end -}}
 
 {{/* Where the Xid catalog ConfigMap (rules.xidCatalog) is mounted, and its file. */}}
@@ -85,6 +86,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- if $repair -}}
 {{- $_ := set $managed "repair" $repair -}}
+{{- end -}}
+{{- if .Values.alertmanagerToken.name -}}
+{{- $_ := set $managed "detection" (dict "alertmanager_token_file" (printf "%s/alertmanager-token" (include "healer.secretsDir" .))) -}}
 {{- end -}}
 {{- toYaml (mergeOverwrite (deepCopy .Values.settings) $managed) -}}
 {{- end -}}
