@@ -249,7 +249,7 @@ def apply_device_filter(expr: str, device_filter: DeviceFilter) -> str:
         ValueError: ``expr`` is not PromQL promql-parser can read (only raised when the text
             names an InfiniBand metric; promtool reports the syntax itself).
     """
-    if INFINIBAND_PREFIX not in expr and "infiniband" not in expr:
+    if "infiniband" not in expr:  # neither a node_infiniband_* name nor a __name__ matcher on one
         return expr
     tree = promql_parser.parse(expr)
     wanted = _filter_matchers(device_filter)
@@ -271,6 +271,12 @@ def apply_device_filter(expr: str, device_filter: DeviceFilter) -> str:
         end = sel.brace[1] + 1 if sel.brace else sel.name_end
         piece = promql_parser.parse(expr[sel.start : end])
         assert isinstance(piece, promql_parser.VectorSelector)
+        if piece.matchers.or_matchers:
+            raise DeviceMatcherConflict(
+                f"{piece.name}{{... or ...}}: the InfiniBand device filter cannot be written into "
+                "alternatives inside braces; join two selectors with `or` instead",
+                sel.start,
+            )
         have = _device_matchers(piece)
         if have == wanted:
             continue

@@ -229,8 +229,9 @@ def validate_rules(
 
     origins = _check_duplicates(parsed_ok, problems)
     _check_pool_names(parsed_ok, problems)
+    unfiltered: list[RuleProblem] = []
     for p in parsed_ok:
-        _apply_device_filter(p, device_filter, problems)
+        _apply_device_filter(p, device_filter, problems, unfiltered)
     promql_checked = False
     binary = _promtool_binary(promtool)
     if binary is not None:
@@ -240,6 +241,10 @@ def validate_rules(
             "promtool not found: PromQL syntax NOT checked (install Debian package 'prometheus' "
             "or put promtool on PATH)"
         )
+    # A rule the filter could not be written into never loads unfiltered; when promtool already
+    # reported its expression (a syntax error), that problem says it all.
+    reported = {(x.file, x.field) for x in problems}
+    problems.extend(x for x in unfiltered if (x.file, x.field) not in reported)
 
     for p in parsed_ok:
         for rule, where in _raw_rules(p):
@@ -720,10 +725,16 @@ def _check_pool_names(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
                 seen.setdefault(name, (selector, here))
 
 
-def _apply_device_filter(parsed: _Parsed, device_filter: DeviceFilter, problems: list[RuleProblem]) -> None:
+def _apply_device_filter(
+    parsed: _Parsed,
+    device_filter: DeviceFilter,
+    problems: list[RuleProblem],
+    unfiltered: list[RuleProblem],
+) -> None:
     """Write the InfiniBand device filter into the file's rules (``parsed.model``); a selector that
-    sets ``device`` otherwise is a problem at its place. Text promql-parser cannot read is left to
-    promtool, which reports the syntax."""
+    sets ``device`` otherwise is a problem at its place. An expression naming an InfiniBand metric
+    that promql-parser cannot read, or the filter cannot be written into, goes to ``unfiltered``
+    (a problem unless promtool reports the expression itself)."""
     rewritten: dict[tuple[int, int], str] = {}
     for i, group in _raw_groups(parsed):
         raw_rules = group.get("rules")
@@ -740,7 +751,10 @@ def _apply_device_filter(parsed: _Parsed, device_filter: DeviceFilter, problems:
                 line, col = _position_of_offset(_ExprRef(parsed, rule, field_path), str(expr), exc.offset)
                 problems.append(RuleProblem(parsed.path, line + 1, col + 1, f"{field_path}.expr", str(exc)))
                 continue
-            except ValueError:
+            except ValueError as exc:
+                line, col = _key_at(rule, "expr")
+                message = f"the InfiniBand device filter could not be written into this expression: {exc}"
+                unfiltered.append(RuleProblem(parsed.path, line + 1, col + 1, f"{field_path}.expr", message))
                 continue
             if new != expr:
                 rewritten[(i, j)] = new

@@ -146,9 +146,12 @@ def test_other_matchers_stay_and_strings_comments_and_label_lists_are_untouched(
     assert apply_device_filter("up == 0", MANAGEMENT) == "up == 0"
 
 
-def test_a_metric_named_through_name_cannot_be_filtered_and_says_so() -> None:
+def test_selectors_the_filter_cannot_be_written_into_are_refused_with_the_reason() -> None:
     with pytest.raises(DeviceMatcherConflict, match="before the braces"):
         apply_device_filter('{__name__="node_infiniband_state_id"} != 4', ALL_DEVICES)
+    with pytest.raises(DeviceMatcherConflict, match="alternatives inside braces") as caught:
+        apply_device_filter('up or node_infiniband_state_id{port="1" or port="2"} != 4', ALL_DEVICES)
+    assert caught.value.offset == len("up or ")
 
 
 @pytest.mark.parametrize(
@@ -202,3 +205,16 @@ def test_show_and_export_carry_the_setting(runner: CliRunner, tmp_path: Path) ->
         assert all(m == {("=~", ".+"), ("!~", "mlx5_(bond_.*|9)")} for m in device_matchers(rule["expr"])), (
             rule["alert"]
         )
+
+
+def test_an_infiniband_rule_the_filter_cannot_be_written_into_never_loads_unfiltered(tmp_path: Path) -> None:
+    path = write_rule(tmp_path, "node_infiniband_state_id{port=")  # broken PromQL
+    without_promtool = validate_rules([path], promtool=False)
+    assert without_promtool.ruleset is None
+    (problem,) = without_promtool.problems
+    assert problem.field == "groups[0].rules[0].expr"
+    assert "InfiniBand device filter could not be written" in problem.message
+    # promtool names the syntax error itself: one problem for one mistake, not two.
+    with_promtool = validate_rules([path])
+    assert [p.field for p in with_promtool.problems] == ["groups[0].rules[0].expr"]
+    assert "InfiniBand" not in with_promtool.problems[0].message
