@@ -53,10 +53,16 @@ def device_matchers(expr: str) -> list[set[tuple[str, str]]]:
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+def environment(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No developer's HEALER_* variables: the settings are the test's own."""
     for key in list(os.environ):
         if key.startswith("HEALER_"):
             monkeypatch.delenv(key)
+    return monkeypatch
+
+
+@pytest.fixture
+def runner(environment: pytest.MonkeyPatch) -> CliRunner:
     return CliRunner()
 
 
@@ -165,18 +171,15 @@ def test_selectors_the_filter_cannot_be_written_into_are_refused_with_the_reason
     ],
 )
 def test_a_regex_prometheus_would_refuse_is_a_settings_error_naming_the_variable(
-    monkeypatch: pytest.MonkeyPatch, value: str, why: str
+    environment: pytest.MonkeyPatch, value: str, why: str
 ) -> None:
-    for key in list(os.environ):
-        if key.startswith("HEALER_"):
-            monkeypatch.delenv(key)
-    monkeypatch.setenv("HEALER_INFINIBAND__DEVICE_EXCLUDE", value)
+    environment.setenv("HEALER_INFINIBAND__DEVICE_EXCLUDE", value)
     with pytest.raises(ConfigError, match=why) as caught:
         load_settings()
     assert str(caught.value).startswith("HEALER_INFINIBAND__DEVICE_EXCLUDE: infiniband.device_exclude:")
 
 
-def test_an_empty_include_is_refused(tmp_path: Path) -> None:
+def test_an_empty_include_is_refused(environment: pytest.MonkeyPatch, tmp_path: Path) -> None:
     config = tmp_path / "healer.yaml"
     config.write_text('infiniband: {device_include: ""}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"infiniband.device_include: .*matches no device"):
