@@ -45,7 +45,8 @@ def check_inputs(prometheus: PrometheusRange, ruleset: RuleSet | None, *, now: d
         return InputsCheck(error=str(exc))  # the adapter's messages carry no credentials
     except PromqlSyntax as exc:  # promtool checked the rules; a syntax only it knows, say so
         return InputsCheck(error=f"a rule's expression could not be read: {exc}")
-    return InputsCheck(by_rule={c.rule: c for c in checks if c.required or c.events or c.optional})
+    absent = [c for c in checks if c.required or c.events or c.optional or c.hardware]
+    return InputsCheck(by_rule={c.rule: c for c in absent})
 
 
 def with_inputs(page: RulesOut, check: InputsCheck) -> RulesOut:

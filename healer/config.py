@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -28,6 +36,7 @@ from healer.errors import ConfigError
 from healer.model import limits as engine_limits
 from healer.model.limits import SafetyLimits
 from healer.model.quota import Flavor, QuotaPolicy
+from healer.ruleset.device_filter import DeviceFilter, check_device_regex
 from healer.ruleset.schema import RequiredTemplateName, TemplateName
 
 #: Days of a maintenance window, as the settings spell them.
@@ -59,6 +68,36 @@ class PrometheusSettings(_Group):
         ge=0,
         description="No rule could be queried this long (seconds): /readyz fails, the dashboard turns red.",
     )
+
+
+class InfinibandSettings(_Group):
+    """Which HCAs the InfiniBand rules count (rules/README.md, "Which InfiniBand devices count").
+
+    Written at load time into every ``node_infiniband_*`` selector of every rule
+    (:mod:`healer.ruleset.device_filter`); ``healer rules export`` writes it into the exported rules.
+    """
+
+    device_include: str = Field(
+        ".+",
+        description="Anchored Prometheus (RE2) regex: the HCAs (node_exporter `device`, e.g. mlx5_0) "
+        "that count; default every one.",
+    )
+    device_exclude: str = Field(
+        "",
+        description="Anchored Prometheus (RE2) regex: HCAs that never count (management, storage, "
+        "bonded pairs), e.g. 'mlx5_(bond_.*|9)'; default none.",
+    )
+
+    @field_validator("device_include", "device_exclude")
+    @classmethod
+    def _regex(cls, value: str, info: ValidationInfo) -> str:
+        if info.field_name == "device_include" and not value:
+            raise ValueError("empty: it matches no device (every device: '.+')")
+        return check_device_regex(value)
+
+    def device_filter(self) -> DeviceFilter:
+        """The filter the rule loader writes into the rules."""
+        return DeviceFilter(include=self.device_include, exclude=self.device_exclude)
 
 
 class DetectionSettings(_Group):
@@ -559,6 +598,7 @@ class Settings(BaseSettings):
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     kueue: KueueSettings = Field(default_factory=KueueSettings)
     gpu_isolation: GpuIsolationSettings = Field(default_factory=GpuIsolationSettings)
+    infiniband: InfinibandSettings = Field(default_factory=InfinibandSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.ruleset.device_filter import ALL_DEVICES, DeviceFilter
 from healer.ruleset.loading import RULE_FILE_SUFFIXES, load_ruleset, reload_ruleset
 from healer.ruleset.schema import RuleSet
 from healer.store import nodes as repo
@@ -63,6 +64,7 @@ class RulesHolder:
         session_factory: where a reload's outcome is recorded (None: not recorded).
         clock: aware UTC now.
         transform: applied to every loaded set (the demo shortens ``for`` with it).
+        device_filter: the settings' InfiniBand device filter, written into every load and reload.
 
     Raises (constructor):
         RuleError: the initial load failed; the controller does not start on bad rules.
@@ -75,6 +77,7 @@ class RulesHolder:
         session_factory: sessionmaker[Session] | None,
         clock: Callable[[], datetime],
         transform: Callable[[RuleSet], RuleSet] = lambda rs: rs,
+        device_filter: DeviceFilter = ALL_DEVICES,
     ) -> None:
         self.paths = list(paths)
         self._sessions = session_factory
@@ -83,7 +86,8 @@ class RulesHolder:
         self._lock = threading.Lock()
         self._requested = threading.Event()
         self._fingerprint = _fingerprint(self.paths)
-        self._ruleset = transform(load_ruleset(self.paths))
+        self._device_filter = device_filter
+        self._ruleset = transform(load_ruleset(self.paths, device_filter=device_filter))
         self._record(error=None)
 
     @property
@@ -97,7 +101,7 @@ class RulesHolder:
         # meanwhile gets the current one instead of waiting.
         self._fingerprint = _fingerprint(self.paths)  # a rejected set is retried on the next change
         try:
-            result = reload_ruleset(self.paths, self.ruleset)
+            result = reload_ruleset(self.paths, self.ruleset, device_filter=self._device_filter)
         except Exception as exc:  # untrusted files: whatever they do, the old rules keep running
             log.exception("rules reload failed (%s); the previous rule set keeps running", reason)
             self._record(error=f"reload failed: {type(exc).__name__}: {exc}")

@@ -360,7 +360,13 @@ def build_process(
     identity = identity or default_identity()
     sessions = database(settings, upgrade=upgrade)
     clock = clock or SharedClock(lambda: database_now(sessions))
-    rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
+    rules = RulesHolder(
+        settings.rules_paths,
+        session_factory=sessions,
+        clock=clock,
+        transform=transform,
+        device_filter=settings.infiniband.device_filter(),
+    )
     refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)
     # The cluster's Nodes come from a watch (started with the controller): a quiet tick lists none.

@@ -10,12 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from healer.ruleset.device_filter import DeviceFilter
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule
 from healer_dev.prometheus import PrometheusServer
-
-#: The HCA matchers every InfiniBand rule of the default pack carries: every device is compute fabric.
-DEVICE_MATCHERS = 'device=~".+", device!~""'
 
 
 class Pages:
@@ -97,12 +95,7 @@ def all_findings(
 
 
 def load_pack(exclude: str = "") -> dict[str, Rule]:
-    """The default pack (``rules/``); ``exclude`` set as the HCA exclude pattern, as an operator would."""
-    pack = {r.name: r for r in load_ruleset([Path(__file__).resolve().parents[1] / "rules"]).rules}
-    if exclude:
-        matchers = DEVICE_MATCHERS.replace('device!~""', f'device!~"{exclude}"')
-        pack = {
-            name: rule.model_copy(update={"expr": rule.expr.replace(DEVICE_MATCHERS, matchers)})
-            for name, rule in pack.items()
-        }
-    return pack
+    """The default pack (``rules/``) loaded with ``exclude`` as the settings' InfiniBand
+    ``device_exclude``, as an operator sets it."""
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    return {r.name: r for r in load_ruleset([rules], device_filter=DeviceFilter(exclude=exclude)).rules}

@@ -211,7 +211,8 @@ def backtest(
     if compare:
         sets.append(("proposed", compare))
     try:
-        rulesets = [(label, load_ruleset(paths)) for label, paths in sets]
+        device_filter = settings.infiniband.device_filter()
+        rulesets = [(label, load_ruleset(paths, device_filter=device_filter)) for label, paths in sets]
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(2) from exc

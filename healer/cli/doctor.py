@@ -3,8 +3,10 @@ where on each node a rule cannot see.
 
 Reads the live Prometheus (one instant query: which of the rules' metric names have a series now)
 and prints, per rule, each input absent fleet-wide: ``required`` (the rule finds nothing until it
-appears), ``fallback`` (absent, and the rule does without), or ``until first event`` (an Xid series
-that exporters emit only after a GPU's first Xid). For dcgm-exporter fields it names the counters
+appears), ``fallback`` (absent, and the rule does without), ``until first event`` (an Xid series
+that exporters emit only after a GPU's first Xid), or the hardware that alone reports it (``NVLink5
+(Blackwell) GPUs only``: absent on a fleet without such GPUs, missing from the CSV on one with
+them). For dcgm-exporter fields it names the counters
 CSV line that adds the field (``deploy/dcgm-exporter/counters-<line>.csv``, one per exporter line).
 
 Then, per node, its blind spots (:mod:`healer.blind_spots`): a GPU or InfiniBand port lacking an
@@ -53,11 +55,19 @@ def _where(i: Input, counters: dict[str, list[CounterLine]]) -> list[str]:
     return ["-"]
 
 
+def _hardware(i: Input) -> str:
+    """The "needed" column of a metric only some hardware reports: which hardware."""
+    from healer.ruleset.inputs import HARDWARE_METRICS
+
+    return HARDWARE_METRICS.get(i.names[0], "some hardware only")
+
+
 def _rows(checks: list[RuleInputs]) -> list[tuple[str, str, Input]]:
     rows = []
     for c in checks:
         rows += [(c.rule, "required", i) for i in c.required]
         rows += [(c.rule, "until first event", i) for i in c.events]
+        rows += [(c.rule, _hardware(i), i) for i in c.hardware]
         rows += [(c.rule, "fallback", i) for i in c.optional]
     return rows
 
@@ -96,7 +106,7 @@ def exporters(
         )
     require_rule_paths(settings.rules_paths, given=False)
     try:
-        ruleset = load_ruleset(settings.rules_paths)
+        ruleset = load_ruleset(settings.rules_paths, device_filter=settings.infiniband.device_filter())
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(1) from exc

@@ -50,7 +50,8 @@ def _validate(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> 
     group = ctx.parent.info_name if ctx.parent is not None else "rules"
     usage = f"give them as arguments (`healer {group} {ctx.info_name} PATH...`)"
     require_rule_paths(paths, given=given, usage=usage)
-    return validate_rules(paths, promtool=not no_promql)
+    device_filter = settings_from(ctx).infiniband.device_filter()
+    return validate_rules(paths, promtool=not no_promql, device_filter=device_filter)
 
 
 def _valid(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> Validation:
@@ -239,6 +240,7 @@ def _test_files(paths: list[Path]) -> list[Path]:
 
 @app.command("test")
 def test_(
+    ctx: typer.Context,
     paths: Annotated[
         list[Path],
         typer.Argument(
@@ -256,7 +258,7 @@ def test_(
     from healer.ruletest.runner import run
 
     files = _test_files(paths)
-    outcome = run(files)
+    outcome = run(files, device_filter=settings_from(ctx).infiniband.device_filter())
     for warning in outcome.warnings:
         typer.echo(f"warning: {warning}", err=True)
     for error in outcome.errors:

@@ -71,6 +71,14 @@ def simulate(
     management_hcas: Annotated[
         int, typer.Option(min=0, max=4, help="Management HCAs per node after the 8 compute ones (mlx5_8...).")
     ] = 0,
+    nvlink5: Annotated[
+        bool,
+        typer.Option(
+            "--nvlink5",
+            help="The GPUs have NVLink5 (Blackwell): the exporter also reports the NVLink5 link "
+            "counters of counters-4.x.csv (with --exporter-version 4.x or reference).",
+        ),
+    ] = False,
     shard: Annotated[
         str | None,
         typer.Option(
@@ -104,11 +112,15 @@ def simulate(
                 idle_fraction=idle_fraction,
                 exporter_version=str(exporter_version),
                 management_hcas=management_hcas,
+                nvlink5=nvlink5,
             ),
             loaded,
         )
     except sim.ScenarioError as exc:
         typer.echo(f"error: invalid scenario\n{exc}", err=True)
+        raise typer.Exit(2) from exc
+    except ValueError as exc:  # a fleet shape that cannot be (--nvlink5 with a 3.x exporter)
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     try:
         offset = (time.time() - started_at) * speed if started_at is not None else 0.0

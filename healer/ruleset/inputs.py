@@ -17,8 +17,9 @@ Two uses:
     ``a or b`` needs only one side; ``a unless b`` needs only ``a`` (``b`` is an exception list);
     ``absent(x)`` needs nothing; every other operator and call needs all its operands;
   - :func:`optional_absent`: absent inputs the expression does without (a fallback is used);
-  - :func:`check_rule`: one rule's absent inputs, told apart as required, optional, or an event
-    metric (:data:`EVENT_METRICS`: absent on a healthy fleet until the first event).
+  - :func:`check_rule`: one rule's absent inputs, told apart as required, optional, an event
+    metric (:data:`EVENT_METRICS`: absent on a healthy fleet until the first event), or a metric
+    only some hardware reports (:data:`HARDWARE_METRICS`: the NVLink5 counters of Blackwell GPUs).
 
 Parsed with GreptimeTeam's ``promql-parser`` (the Rust port of Prometheus' parser); pure. Raises
 :class:`PromqlSyntax` on text it cannot read (promtool checks the syntax at load time).
@@ -43,6 +44,30 @@ _NAME_ALTERNATION = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*(?:\|[A-Za-z_:][A-Za-z
 EVENT_METRICS: Mapping[str, str] = {
     "DCGM_FI_DEV_XID_ERRORS": "dcgm-exporter 4.4.1+ emits no Xid series until a GPU's first Xid",
     "DCGM_EXP_XID_ERRORS_COUNT": "one series per Xid seen in the window: none while no GPU had an Xid",
+}
+
+
+#: NVLink5 link error counters (DCGM fields 1204-1219, dcgm_fields.h) the rules read.
+NVLINK5_ERROR_METRICS: tuple[str, ...] = tuple(
+    f"DCGM_FI_DEV_NVLINK_COUNT_{name}"
+    for name in (
+        "RX_MALFORMED_PACKET_ERRORS",
+        "RX_BUFFER_OVERRUN_ERRORS",
+        "RX_ERRORS",
+        "RX_REMOTE_ERRORS",
+        "RX_GENERAL_ERRORS",
+        "LOCAL_LINK_INTEGRITY_ERRORS",
+        "LINK_RECOVERY_FAILED_EVENTS",
+        "LINK_RECOVERY_EVENTS",
+        "EFFECTIVE_ERRORS",
+    )
+)
+
+#: Metrics only some hardware reports: absent fleet-wide is normal on a fleet without it (NVML
+#: answers "not supported" and dcgm-exporter writes no series), and a sign of a counters CSV
+#: without the field on a fleet with it.
+HARDWARE_METRICS: Mapping[str, str] = {
+    name: "NVLink5 (Blackwell) GPUs only" for name in NVLINK5_ERROR_METRICS
 }
 
 
@@ -199,13 +224,15 @@ class RuleInputs:
 
     ``required``: the rule cannot see anything until one of each appears (it finds nothing now);
     ``optional``: absent, and the rule does without (a fallback branch is used); ``events``:
-    absent event metrics (:data:`EVENT_METRICS`), normal on a healthy fleet.
+    absent event metrics (:data:`EVENT_METRICS`), normal on a healthy fleet; ``hardware``: absent
+    metrics only some hardware reports (:data:`HARDWARE_METRICS`), normal on a fleet without it.
     """
 
     rule: str
     required: list[Input] = field(default_factory=list)
     optional: list[Input] = field(default_factory=list)
     events: list[Input] = field(default_factory=list)
+    hardware: list[Input] = field(default_factory=list)
 
     @property
     def blind(self) -> bool:
@@ -217,15 +244,20 @@ def _is_event(i: Input) -> bool:
     return all(n in EVENT_METRICS for n in i.names)
 
 
+def _is_hardware(i: Input) -> bool:
+    return all(n in HARDWARE_METRICS for n in i.names)
+
+
 def check_rule(name: str, expr: str, present: Iterable[str]) -> RuleInputs:
     """The inputs of rule ``name`` absent given the metric names ``present`` fleet-wide."""
     names = frozenset(present)
     missing = missing_inputs(expr, names)
     return RuleInputs(
         rule=name,
-        required=[i for i in missing if not _is_event(i)],
+        required=[i for i in missing if not _is_event(i) and not _is_hardware(i)],
         optional=optional_absent(expr, names),
         events=[i for i in missing if _is_event(i)],
+        hardware=[i for i in missing if _is_hardware(i)],
     )
 
 

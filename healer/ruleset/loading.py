@@ -14,7 +14,10 @@ Checks, all reported at once: size (:data:`MAX_RULE_FILE_BYTES`), nesting and al
 built), YAML syntax, the schema (unknown keys, bad durations, unknown
 actions, empty expressions, wrong types, missing keys, empty node label chains), rule and group
 names duplicated anywhere in the set, and the PromQL and templates as Prometheus itself parses them
-(``promtool check rules``; without promtool a warning says PromQL was not checked).
+(``promtool check rules``; without promtool a warning says PromQL was not checked). The settings'
+InfiniBand device filter is written into every ``node_infiniband_*`` selector
+(:mod:`healer.ruleset.device_filter`); a rule that sets ``device`` there otherwise is a problem at
+its place.
 
 Loading is pure apart from reading the files and running promtool: it holds no state, so the
 caller decides what to keep when a reload fails (see :func:`reload_ruleset`).
@@ -52,6 +55,7 @@ from ruamel.yaml.scalarstring import (
 )
 
 from healer.errors import RuleError
+from healer.ruleset.device_filter import ALL_DEVICES, DeviceFilter, DeviceMatcherConflict, apply_device_filter
 from healer.ruleset.export import prometheus_rule_file
 from healer.ruleset.output_labels import NodeBlind, node_blind
 from healer.ruleset.schema import (
@@ -168,7 +172,9 @@ class Reload:
         return self.error is None
 
 
-def load_ruleset(paths: Sequence[Path | str], *, promtool: str | bool = True) -> RuleSet:
+def load_ruleset(
+    paths: Sequence[Path | str], *, promtool: str | bool = True, device_filter: DeviceFilter = ALL_DEVICES
+) -> RuleSet:
     """Load and validate rule files and directories into one :class:`RuleSet`.
 
     Args:
@@ -176,11 +182,13 @@ def load_ruleset(paths: Sequence[Path | str], *, promtool: str | bool = True) ->
             name, not recursive). Problems name the files as given here.
         promtool: ``True`` = find ``promtool`` on PATH and check PromQL with it (a warning is
             logged when it is absent); ``False`` = do not check PromQL; a string = that binary.
+        device_filter: the settings' InfiniBand device filter (``settings.infiniband``), written
+            into every ``node_infiniband_*`` selector; default every device.
 
     Raises:
         RuleError: with every :class:`RuleProblem` found in the whole set (``.problems``).
     """
-    result = validate_rules(paths, promtool=promtool)
+    result = validate_rules(paths, promtool=promtool, device_filter=device_filter)
     for warning in result.warnings:
         log.warning("rules: %s", warning)
     if result.ruleset is None:
@@ -188,18 +196,26 @@ def load_ruleset(paths: Sequence[Path | str], *, promtool: str | bool = True) ->
     return result.ruleset
 
 
-def reload_ruleset(paths: Sequence[Path | str], previous: RuleSet, *, promtool: str | bool = True) -> Reload:
+def reload_ruleset(
+    paths: Sequence[Path | str],
+    previous: RuleSet,
+    *,
+    promtool: str | bool = True,
+    device_filter: DeviceFilter = ALL_DEVICES,
+) -> Reload:
     """Reload for a running controller: a bad file never loses the rules that are running.
 
     Returns the new set, or ``previous`` with the :class:`RuleError` when any file is invalid.
     """
-    result = validate_rules(paths, promtool=promtool)
+    result = validate_rules(paths, promtool=promtool, device_filter=device_filter)
     if result.ruleset is None:
         return Reload(ruleset=previous, error=RuleError(list(result.problems)), warnings=result.warnings)
     return Reload(ruleset=result.ruleset, error=None, warnings=result.warnings)
 
 
-def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) -> Validation:
+def validate_rules(
+    paths: Sequence[Path | str], *, promtool: str | bool = True, device_filter: DeviceFilter = ALL_DEVICES
+) -> Validation:
     """Check rule files and directories; never raises for a problem in them.
 
     See :func:`load_ruleset` for the arguments. Problems are sorted by file (in load order),
@@ -213,6 +229,9 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
 
     origins = _check_duplicates(parsed_ok, problems)
     _check_pool_names(parsed_ok, problems)
+    unfiltered: list[RuleProblem] = []
+    for p in parsed_ok:
+        _apply_device_filter(p, device_filter, problems, unfiltered)
     promql_checked = False
     binary = _promtool_binary(promtool)
     if binary is not None:
@@ -222,6 +241,10 @@ def validate_rules(paths: Sequence[Path | str], *, promtool: str | bool = True) 
             "promtool not found: PromQL syntax NOT checked (install Debian package 'prometheus' "
             "or put promtool on PATH)"
         )
+    # A rule the filter could not be written into never loads unfiltered; when promtool already
+    # reported its expression (a syntax error), that problem says it all.
+    reported = {(x.file, x.field) for x in problems}
+    problems.extend(x for x in unfiltered if (x.file, x.field) not in reported)
 
     for p in parsed_ok:
         for rule, where in _raw_rules(p):
@@ -700,6 +723,58 @@ def _check_pool_names(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
                         )
                     )
                 seen.setdefault(name, (selector, here))
+
+
+def _apply_device_filter(
+    parsed: _Parsed,
+    device_filter: DeviceFilter,
+    problems: list[RuleProblem],
+    unfiltered: list[RuleProblem],
+) -> None:
+    """Write the InfiniBand device filter into the file's rules (``parsed.model``); a selector that
+    sets ``device`` otherwise is a problem at its place. An expression naming an InfiniBand metric
+    that promql-parser cannot read, or the filter cannot be written into, goes to ``unfiltered``
+    (a problem unless promtool reports the expression itself)."""
+    rewritten: dict[tuple[int, int], str] = {}
+    for i, group in _raw_groups(parsed):
+        raw_rules = group.get("rules")
+        if not isinstance(raw_rules, CommentedSeq):
+            continue
+        for j, rule in enumerate(raw_rules):
+            expr = rule.get("expr") if isinstance(rule, CommentedMap) else None
+            if not isinstance(expr, str):
+                continue
+            field_path = f"groups[{i}].rules[{j}]"
+            try:
+                new = apply_device_filter(str(expr), device_filter)
+            except DeviceMatcherConflict as exc:
+                line, col = _position_of_offset(_ExprRef(parsed, rule, field_path), str(expr), exc.offset)
+                problems.append(RuleProblem(parsed.path, line + 1, col + 1, f"{field_path}.expr", str(exc)))
+                continue
+            except ValueError as exc:
+                line, col = _key_at(rule, "expr")
+                message = f"the InfiniBand device filter could not be written into this expression: {exc}"
+                unfiltered.append(RuleProblem(parsed.path, line + 1, col + 1, f"{field_path}.expr", message))
+                continue
+            if new != expr:
+                rewritten[(i, j)] = new
+    if not rewritten or parsed.model is None:
+        return
+    groups = list(parsed.model.groups)
+    for (i, j), new in rewritten.items():
+        rules = list(groups[i].rules)
+        rules[j] = rules[j].model_copy(update={"expr": new.strip()})  # as the schema keeps it
+        groups[i] = groups[i].model_copy(update={"rules": rules})
+    parsed.model = parsed.model.model_copy(update={"groups": groups})
+
+
+def _position_of_offset(ref: _ExprRef, expr: str, offset: int) -> tuple[int, int]:
+    """0-based file (line, column) of a 0-based character offset in the rule's ``expr`` text."""
+    before = expr[:offset]
+    expr_line = before.count("\n") + 1
+    expr_col = offset - (before.rfind("\n") + 1) + 1
+    inner = _position_in_expr(ref, expr_line, expr_col)
+    return inner if inner is not None else _key_at(ref.rule, "expr")
 
 
 def _promtool_binary(promtool: str | bool) -> str | None:

@@ -32,6 +32,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from healer.engine.replay import STEP_KINDS, Replay, ReplaySettings
 from healer.errors import SourceError
 from healer.model.findings import Finding, TickFindings
+from healer.ruleset.device_filter import ALL_DEVICES, DeviceFilter
 from healer.ruleset.loading import validate_rules
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
 from healer.ruletest.promtool import (
@@ -95,8 +96,11 @@ def fmt_seconds(seconds: float) -> str:
     return "".join(parts)
 
 
-def run(paths: Sequence[str | Path]) -> Outcome:
-    """Run every test of the files ``paths``; never raises for a failing or broken test file."""
+def run(paths: Sequence[str | Path], *, device_filter: DeviceFilter = ALL_DEVICES) -> Outcome:
+    """Run every test of the files ``paths``; never raises for a failing or broken test file.
+
+    ``device_filter``: the settings' InfiniBand device filter, written into the rules under test.
+    """
     outcome = Outcome()
     loaded: list[tuple[TestFile, RuleSet]] = []
     for path in paths:
@@ -111,7 +115,7 @@ def run(paths: Sequence[str | Path]) -> Outcome:
             outcome.files_not_run += 1
             continue
         # The checks of `healer rules validate`, PromQL included, before any test runs.
-        checked = validate_rules(spec.rule_files)
+        checked = validate_rules(spec.rule_files, device_filter=device_filter)
         outcome.warnings.extend(w for w in checked.warnings if w not in outcome.warnings)
         problems = [str(p) for p in checked.problems]
         if checked.ruleset is not None:

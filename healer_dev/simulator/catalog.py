@@ -189,6 +189,39 @@ DCGM_FAMILIES: tuple[Family, ...] = (
 #: dcgm-exporter's own Xid counter (``DCGM_EXP_XID_ERRORS_COUNT``): one series per (GPU, Xid) seen in the
 #: trailing window, labels ``window_size_in_ms`` and ``xid`` after the GPU labels. Not sticky: a later
 #: Xid 45 does not hide an earlier 79.
+#: The NVLink5 link counters (DCGM fields 1204-1214, 1219) deploy/dcgm-exporter/counters-4.x.csv
+#: enables, with its help texts: a Blackwell GPU reports them (``FleetConfig.nvlink5``), earlier
+#: GPUs none. The CSV's BER gauges (1216, 1218) are not simulated.
+NVLINK5_FAMILIES: tuple[Family, ...] = tuple(
+    Family(f"DCGM_FI_DEV_NVLINK_COUNT_{name}", help_text, "counter", "d")
+    for name, help_text in (
+        ("RX_MALFORMED_PACKET_ERRORS", "Number of packets Rx on a link where packets are malformed."),
+        ("RX_BUFFER_OVERRUN_ERRORS", "Number of packets that were discarded on Rx due to buffer overrun."),
+        ("RX_ERRORS", "Total number of packets with errors Rx on a link."),
+        ("RX_REMOTE_ERRORS", "Total number of packets Rx - stomp/EBP marker."),
+        ("RX_GENERAL_ERRORS", "Total number of packets Rx with header mismatch."),
+        (
+            "LOCAL_LINK_INTEGRITY_ERRORS",
+            "Total number of times that the count of local errors exceeded a threshold.",
+        ),
+        ("TX_DISCARDS", "Total number of tx error packets that were discarded."),
+        (
+            "LINK_RECOVERY_SUCCESSFUL_EVENTS",
+            "Number of times link went from Up to recovery that succeeded (link back up).",
+        ),
+        (
+            "LINK_RECOVERY_FAILED_EVENTS",
+            "Number of times link went from Up to recovery that failed (link declared down).",
+        ),
+        (
+            "LINK_RECOVERY_EVENTS",
+            "Number of times link went from Up to recovery (whatever the result).",
+        ),
+        ("EFFECTIVE_ERRORS", "Sum of the number of errors in each NVLink packet."),
+        ("RX_SYMBOL_ERRORS", "Number of errors in rx symbols."),
+    )
+)
+
 XID_COUNT_FAMILY = Family(
     "DCGM_EXP_XID_ERRORS_COUNT",
     "Count of XID Errors within user-specified time window (see xid-count-window-size param).",

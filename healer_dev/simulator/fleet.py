@@ -80,6 +80,10 @@ class FleetConfig:
     * ``reference`` (default): the sample scrape ``tests/fixtures/dcgm-exporter.prom``: 4.x field names
       with the 3.x label order and zero Xid series.
 
+    ``nvlink5``: the GPUs have NVLink5 (Blackwell): the exporter also reports the NVLink5 link
+    counters of counters-4.x.csv (``catalog.NVLINK5_FAMILIES``, DCGM fields 1204-1219), 0 until an
+    ``nvlink5_errors`` fault. Not with ``3.x``: healer's 3.x CSV does not enable them.
+
     (NVIDIA/dcgm-exporter: its counters CSVs and output template; ``reference/exporters-real.md``.)
 
     Raises (on construction):
@@ -95,6 +99,7 @@ class FleetConfig:
     node_prefix: str = "gpu-node-"
     exporter_version: ExporterVersion = "reference"
     management_hcas: int = 0
+    nvlink5: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.nodes <= 100_000:
@@ -105,6 +110,8 @@ class FleetConfig:
             raise ValueError(f"hcas must be 0..32, got {self.hcas}")
         if not 0 <= self.management_hcas <= 4:
             raise ValueError(f"management_hcas must be 0..4, got {self.management_hcas}")
+        if self.nvlink5 and self.exporter_version == "3.x":
+            raise ValueError("nvlink5 needs a 4.x exporter: the 3.x counters CSV enables no NVLink5 field")
         if self.exporter_version not in EXPORTER_VERSIONS:
             raise ValueError(
                 f"exporter_version must be one of {', '.join(EXPORTER_VERSIONS)}, "
@@ -362,7 +369,7 @@ class Fleet:
         args: list[object] = []
         simple = all(len(views) == 1 for _, views in layout)
         full = simple and len(layout) == self.config.gpus
-        for fam in c.DCGM_FAMILIES:
+        for fam in self._dcgm_families:
             if fam.name == c.XID_FAMILY:
                 for g, views in layout:
                     if g in with_xid:
@@ -414,6 +421,11 @@ class Fleet:
         return h >= self.config.hcas
 
     # --- templates ------------------------------------------------------------------------------
+
+    @property
+    def _dcgm_families(self) -> tuple[c.Family, ...]:
+        """The families this fleet's dcgm-exporter writes, in order (NVLink5 ones last)."""
+        return c.DCGM_FAMILIES + (c.NVLINK5_FAMILIES if self.config.nvlink5 else ())
 
     @property
     def _zero_xid_series(self) -> bool:
@@ -497,7 +509,7 @@ class Fleet:
                     extra = [("err_code", _SLOT), ("err_msg", _SLOT)]
                     xid[(g, view)] = self._template_labels(self._with_extra(pairs, extra))
         parts: list[str] = []
-        for fam in c.DCGM_FAMILIES:
+        for fam in self._dcgm_families:
             name, help_text = self._family(fam)
             parts.append(_brace_escape(family_header(name, help_text, fam.type)))
             spec = "{:" + fam.fmt + "}"

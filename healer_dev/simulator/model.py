@@ -41,6 +41,7 @@ from healer_dev.simulator.scenario import (
     IbPortErrors,
     IbSymbolErrors,
     Mig,
+    Nvlink5Errors,
     NvlinkErrors,
     RowRemapFailure,
     RowRemapPending,
@@ -72,6 +73,21 @@ _FLIT = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"
 _DATA = "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"
 _REPLAY = "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"
 _RECOVERY = "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
+_NV5 = "DCGM_FI_DEV_NVLINK_COUNT_"
+#: Nvlink5Errors field → the NVLink5 counter it adds to (the recovery events are added separately).
+_NV5_FIELDS = {
+    "rx_errors": _NV5 + "RX_ERRORS",
+    "rx_malformed_packet": _NV5 + "RX_MALFORMED_PACKET_ERRORS",
+    "rx_buffer_overrun": _NV5 + "RX_BUFFER_OVERRUN_ERRORS",
+    "rx_remote": _NV5 + "RX_REMOTE_ERRORS",
+    "rx_general": _NV5 + "RX_GENERAL_ERRORS",
+    "local_link_integrity": _NV5 + "LOCAL_LINK_INTEGRITY_ERRORS",
+    "effective_errors": _NV5 + "EFFECTIVE_ERRORS",
+    "symbol_errors": _NV5 + "RX_SYMBOL_ERRORS",
+    "link_recovery": _NV5 + "LINK_RECOVERY_SUCCESSFUL_EVENTS",
+    "link_recovery_failed": _NV5 + "LINK_RECOVERY_FAILED_EVENTS",
+}
+_NV5_RECOVERY = _NV5 + "LINK_RECOVERY_EVENTS"
 _REMAP_FAIL = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 _UNCORR = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 _REMAP_PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
@@ -345,6 +361,7 @@ class NodeModel:
         """Counters before any exporter restart is applied (monotonic in ``t``)."""
         n = self.gpus
         counters = {name: [0] * n for name in (_PCIE, _FLIT, _DATA, _REPLAY, _RECOVERY, _UNCORR, _CORR, _DBE)}
+        counters.update({fam.name: [0] * n for fam in c.NVLINK5_FAMILIES})
         counters[_ENERGY] = [self.energy0[g] + int(self.power_base[g] * t * 1000) for g in range(n)]
         for f in self.faults:
             if f.at > t or getattr(f, "gpu", n) >= n:
@@ -356,6 +373,11 @@ class NodeModel:
                 counters[_DATA][g] += int(f.crc_data * frac)
                 counters[_REPLAY][g] += int(f.replay * frac)
                 counters[_RECOVERY][g] += int(f.recovery * frac)
+            elif isinstance(f, Nvlink5Errors):
+                frac = _ramp(t - f.at, f.duration)
+                for name, metric in _NV5_FIELDS.items():
+                    counters[metric][f.gpu] += int(getattr(f, name) * frac)
+                counters[_NV5_RECOVERY][f.gpu] += int((f.link_recovery + f.link_recovery_failed) * frac)
             elif isinstance(f, RowRemapFailure):
                 counters[_UNCORR][f.gpu] += f.uncorrectable_rows
             elif isinstance(f, RowRemapPending):

@@ -185,6 +185,26 @@ class NvlinkErrors(_GpuFault):
     duration: Seconds = Field(30.0, gt=0, description="Length of the burst, seconds.")
 
 
+class Nvlink5Errors(_GpuFault):
+    """A Blackwell GPU's NVLink5 link error counters (DCGM fields 1204-1219) grow by the given counts
+    over ``duration``; the fleet must have ``FleetConfig(nvlink5=True)`` for the exporter to show them.
+    ``link_recovery`` counts recoveries that brought the link back, ``link_recovery_failed`` those
+    that declared it down; both add to the link recovery events (1213)."""
+
+    fault: Literal["nvlink5_errors"]
+    link_recovery: int = Field(1, ge=0, description="Added to ..._LINK_RECOVERY_SUCCESSFUL_EVENTS.")
+    link_recovery_failed: int = Field(0, ge=0, description="Added to ..._LINK_RECOVERY_FAILED_EVENTS.")
+    rx_errors: int = Field(0, ge=0, description="Added to ..._RX_ERRORS.")
+    rx_malformed_packet: int = Field(0, ge=0, description="Added to ..._RX_MALFORMED_PACKET_ERRORS.")
+    rx_buffer_overrun: int = Field(0, ge=0, description="Added to ..._RX_BUFFER_OVERRUN_ERRORS.")
+    rx_remote: int = Field(0, ge=0, description="Added to ..._RX_REMOTE_ERRORS.")
+    rx_general: int = Field(0, ge=0, description="Added to ..._RX_GENERAL_ERRORS.")
+    local_link_integrity: int = Field(0, ge=0, description="Added to ..._LOCAL_LINK_INTEGRITY_ERRORS.")
+    effective_errors: int = Field(0, ge=0, description="Added to ..._EFFECTIVE_ERRORS (after FEC).")
+    symbol_errors: int = Field(0, ge=0, description="Added to ..._RX_SYMBOL_ERRORS (before FEC).")
+    duration: Seconds = Field(30.0, gt=0, description="Length of the burst, seconds.")
+
+
 class IbLinkFlap(_HcaFault):
     """The port goes down ``flaps`` times, ``interval`` apart: each time ``link_downed_total`` += 1,
     ``symbol_error_total`` += ``symbol_errors``, and for ``down_for`` the port reads state 1 (Down),
@@ -273,6 +293,7 @@ Fault = Annotated[
     | GpuSharing
     | Mig
     | NvlinkErrors
+    | Nvlink5Errors
     | IbLinkFlap
     | IbSymbolErrors
     | IbPortErrors
@@ -296,6 +317,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "gpu_sharing",
     "mig",
     "nvlink_errors",
+    "nvlink5_errors",
     "ib_link_flap",
     "ib_symbol_errors",
     "ib_port_errors",

@@ -133,6 +133,7 @@ EXPECTED: dict[str, set[tuple[str, str | None]]] = {
     # The rules below see nothing wrong in this scenario (its Xids are 79 and 45, both in the catalog;
     # the flapping port is DOWN for less than the hold).
     "GpuNvlink5XidCorroborated": set(),
+    "Nvlink5LinkErrors": set(),  # a Hopper fleet: no NVLink5 counters
     "GpuUnknownXid": set(),
     "GpuRecoveryActionRequired": set(),
     "InfinibandPortNotActive": set(),

@@ -42,7 +42,7 @@ from tests.conftest import FIXTURES, REPO
 from tests.exposition import Pages, serve
 from tests.services import PrometheusServer, SharedVictoriaMetrics, prometheus_server, wait_until
 
-# Two engines, 64 nodes and 29 rules at 8 checkpoints: minutes on a loaded 2-core machine.
+# Two engines, 64 nodes and 30 rules at 8 checkpoints: minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.prometheus, pytest.mark.victoria_metrics, pytest.mark.timeout(900)]
 
 #: Scenario seconds at which both engines are compared (demo.yaml's faults start between 30 s and

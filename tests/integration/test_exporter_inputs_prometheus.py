@@ -102,6 +102,12 @@ def test_doctor_names_the_rule_the_metric_and_the_csv_line(prom: PrometheusServe
     # The recovery-action field is commented out in the 4.x CSV (not every exporter has it).
     recovery = absent[("GpuRecoveryActionRequired", ("DCGM_FI_DEV_GPU_RECOVERY_ACTION",))]
     assert any("(commented out: uncomment it)" in w for w in recovery["added_by"])
+    # An H100 fleet has no NVLink5 counters: normal, not blind (the NVLink5 Xid rule judges those
+    # GPUs); each is named with the hardware that reports it and the 4.x CSV line that adds it.
+    assert "Nvlink5LinkErrors" not in out["blind_rules"]
+    effective = absent[("Nvlink5LinkErrors", ("DCGM_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS",))]
+    assert effective["needed"] == "NVLink5 (Blackwell) GPUs only"
+    assert [w.split(":")[0] for w in effective["added_by"]] == ["counters-4.x.csv"]
     # node_exporter's families are not a CSV's business.
     ib = absent[("InfinibandPortNotActive", ("node_infiniband_state_id",))]
     assert ib["added_by"] == ["node_exporter (its collector for this family must be on)"]

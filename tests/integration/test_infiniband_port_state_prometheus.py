@@ -8,8 +8,8 @@ from the driver's ``query_port``. For RoCE (Ethernet link layer) mlx5 reports ``
 likewise): a ConnectX RoCE port that lost its link reads exactly as one an operator set down, and
 the rule cannot tell RoCE from InfiniBand ports (node_exporter exports no link layer). An
 InfiniBand port without a link partner polls (``2: Polling``). So the rule fires on every port not
-ACTIVE, and a port unused on purpose is left out by the operator's device matchers
-(rules/README.md, "Which InfiniBand devices count").
+ACTIVE, and a port unused on purpose is left out by the operator's InfiniBand device filter
+(settings ``infiniband.device_exclude``; rules/README.md, "Which InfiniBand devices count").
 
 node_exporter (infiniband collector) exports ``state`` as ``node_infiniband_state_id`` and
 ``phys_state`` as ``node_infiniband_physical_state_id`` (the number before the colon).

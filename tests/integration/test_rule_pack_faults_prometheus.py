@@ -7,7 +7,7 @@ fault of :data:`IB_CASES` on its own node whose HCAs the real node_exporter read
 (GPU sharing and MIG already on, a pod on a shared GPU still running) fires nothing; then the faults
 start and each must fire exactly its rules on its node and GPU or HCA port, and nothing anywhere
 else. The pack is the operator's: every HCA compute fabric except the management HCA ``mlx5_2``
-(``device!~"mlx5_2"``), so that HCA flapping is no finding.
+(the settings' ``infiniband.device_exclude: mlx5_2``), so that HCA flapping is no finding.
 
 Counter rules (``increase``) need samples before the fault, and the rules that compare with the last
 hour (GpuMissing, InfinibandPortMissing) need a minute step of that hour that saw the healthy count

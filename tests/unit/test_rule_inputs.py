@@ -9,6 +9,8 @@ import pytest
 
 from healer.ruleset.counters import read_counters
 from healer.ruleset.inputs import (
+    HARDWARE_METRICS,
+    NVLINK5_ERROR_METRICS,
     Input,
     PromqlSyntax,
     check_rule,
@@ -93,6 +95,16 @@ def test_the_default_pack() -> None:
     ]
     xid = check_rule("GpuFatalXid", rules["GpuFatalXid"].expr, present)
     assert (xid.blind, names(xid.events)) == (False, ["DCGM_FI_DEV_XID_ERRORS"])
+    # A Hopper fleet has no NVLink5 counters: the NVLink5 rule is not blind, its inputs are
+    # hardware-only (the NVLink5 Xid rule judges those GPUs instead).
+    nvlink5 = check_rule("Nvlink5LinkErrors", rules["Nvlink5LinkErrors"].expr, present)
+    assert not nvlink5.blind and not nvlink5.required
+    assert {n for i in nvlink5.hardware for n in i.names} == set(NVLINK5_ERROR_METRICS)
+    assert all(HARDWARE_METRICS[n] == "NVLink5 (Blackwell) GPUs only" for n in NVLINK5_ERROR_METRICS)
+    with_them = check_rule(
+        "Nvlink5LinkErrors", rules["Nvlink5LinkErrors"].expr, present | {NVLINK5_ERROR_METRICS[0]}
+    )
+    assert (with_them.hardware, with_them.required) == ([], [])
     query = presence_query([r.expr for r in rules.values()])
     assert query.startswith('group by (__name__) ({__name__=~"DCGM_EXP_XID_ERRORS_COUNT|')
 

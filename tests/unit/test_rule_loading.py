@@ -112,21 +112,6 @@ def test_default_pack_keeps_node_and_gpu_identity_in_every_result() -> None:
             assert "gpu, UUID, pci_bus_id, modelName" in rule.expr, rule.name
 
 
-def test_infiniband_rules_select_the_same_devices_everywhere() -> None:
-    # Compute fabric only: one include and one exclude pattern on the HCA name, the same in every
-    # selector of every InfiniBand rule, so excluding a management HCA excludes it everywhere.
-    selectors: set[str] = set()
-    for rule in load_ruleset([PACK]).rules:
-        if rule.kind != "fault" or "node_infiniband_" not in rule.expr:
-            continue
-        metrics = re.findall(r"node_infiniband_[a-z_]+(\{[^}]*\})?", rule.expr)
-        assert metrics and all(metrics), f"{rule.name}: a node_infiniband_ selector without device matchers"
-        selectors.update(metrics)
-    assert len(selectors) == 1, sorted(selectors)
-    (selector,) = selectors
-    assert 'device=~"' in selector and 'device!~"' in selector
-
-
 def test_default_pack_as_prometheus_rules_passes_promtool(tmp_path: Path) -> None:
     target = tmp_path / "prometheus-rules.yml"
     YAML(typ="safe", pure=True).dump(to_prometheus_rules(load_ruleset([PACK])), target)

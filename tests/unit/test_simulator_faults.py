@@ -170,6 +170,40 @@ def test_nvlink_burst_raises_the_error_counters_over_the_burst() -> None:
     assert value(fleet, "dcgm", 300.0, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", gpu="2") == 50
 
 
+def test_nvlink5_errors_move_the_blackwell_counters_which_only_an_nvlink5_fleet_reports() -> None:
+    import yaml
+
+    fault = {"node": NODE, "at": "1m", "gpu": 1, "fault": "nvlink5_errors", "duration": "20s"}
+    fault |= {"link_recovery": 2, "link_recovery_failed": 1, "effective_errors": 40, "symbol_errors": 900}
+    config = FleetConfig(nodes=4, seed=SEED, idle_fraction=0.0, exporter_version="4.x", nvlink5=True)
+    fleet = Fleet(config, parse_scenario(yaml.safe_dump({"faults": [fault]})))
+    quiet = Fleet(config)
+    nv5 = "DCGM_FI_DEV_NVLINK_COUNT_"
+    before, after = scrape(fleet, "dcgm", 59.0), scrape(fleet, "dcgm", 300.0)
+    assert before == scrape(quiet, "dcgm", 59.0)
+    assert {k: v for k, v in after.items() if v != scrape(quiet, "dcgm", 300.0).get(k)} == {
+        (name, labels): value
+        for (name, labels), value in after.items()
+        if dict(labels)["gpu"] == "1"
+        and name
+        in {
+            nv5 + "LINK_RECOVERY_SUCCESSFUL_EVENTS",
+            nv5 + "LINK_RECOVERY_FAILED_EVENTS",
+            nv5 + "LINK_RECOVERY_EVENTS",
+            nv5 + "EFFECTIVE_ERRORS",
+            nv5 + "RX_SYMBOL_ERRORS",
+        }
+    }
+    assert value(fleet, "dcgm", 300.0, nv5 + "LINK_RECOVERY_EVENTS", gpu="1") == 3  # both kinds
+    assert value(fleet, "dcgm", 300.0, nv5 + "EFFECTIVE_ERRORS", gpu="1") == 40
+    assert value(fleet, "dcgm", 300.0, nv5 + "RX_ERRORS", gpu="1") == 0
+    # A fleet without NVLink5 (Hopper) reports none of them, fault or not.
+    hopper = Fleet(FleetConfig(nodes=4, seed=SEED, idle_fraction=0.0, exporter_version="4.x"))
+    assert not any(name.startswith(nv5) for name, _ in scrape(hopper, "dcgm", 300.0))
+    with pytest.raises(ValueError, match=r"needs a 4\.x exporter"):
+        FleetConfig(exporter_version="3.x", nvlink5=True)
+
+
 def test_ib_link_flap_counts_link_downs_and_flips_the_port_state() -> None:
     fleet = with_faults(
         {

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from healer.ruleset.inputs import NVLINK5_ERROR_METRICS, input_metrics
 from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule
 from healer.ruleset.xid_catalog import (
@@ -84,6 +85,23 @@ def test_nvlink5_xids_need_corroboration(catalog: XidCatalog, rules: dict[str, R
     assert_carries(rule, f'xid=~"{render_label_regex(codes)}"')
     assert " and on (" in flat(rule.expr) and ">= 2" in rule.expr
     assert "NVLINK_RECOVERY_ERROR_COUNT_TOTAL" in rule.expr
+
+
+def test_the_nvlink5_xid_rule_stays_quiet_exactly_where_the_nvlink_counter_rules_judge(
+    rules: dict[str, Rule],
+) -> None:
+    # One fault, one finding: the Xid rule's `unless` lists exactly the counters of the rules that
+    # already report the GPU (a counter added there and not here would judge one fault twice).
+    xid_rule = rules["GpuNvlink5XidCorroborated"].expr
+    exceptions = set(re.findall(r"DCGM_FI_DEV_NVLINK_[A-Z0-9_]+", xid_rule.rsplit("unless on", 1)[1]))
+    judged = input_metrics(rules["NvlinkRecoveryErrors"].expr) | input_metrics(
+        rules["Nvlink5LinkErrors"].expr
+    )
+    assert exceptions == judged
+    # and the NVLink5 counters are those the exporter check knows only Blackwell GPUs report
+    assert set(NVLINK5_ERROR_METRICS) == input_metrics(rules["Nvlink5LinkErrors"].expr) - {
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"
+    }
 
 
 def test_unknown_xid_is_every_code_the_catalog_does_not_list(
