@@ -55,6 +55,7 @@ from healer.engine.labels import clean_labels, clean_node_name
 from healer.errors import SourceError
 from healer.model.addresses import AddressBook
 from healer.model.blind_spots import WHOLE_NODE, BlindReport, BlindSpot, UnresolvedSeries
+from healer.ruleset.device_filter import device_matchers_in, promql_string
 from healer.ruleset.inputs import EVENT_METRICS, Input, PromqlSyntax, inputs, missing_inputs
 from healer.ruleset.schema import RuleSet
 from healer.sources.base import Deadline, MetricsSource
@@ -112,6 +113,9 @@ class Plan:
     family: Family
     listing: tuple[str, ...]
     inputs: tuple[Input, ...]
+    #: Label matchers every selector of the family carries in the chain's rules (the InfiniBand
+    #: device filter, ``device=~"...", device!~"..."``): ports the rules leave out are not judged.
+    matchers: str = ""
 
 
 def _rule_inputs(expr: str) -> list[Input]:
@@ -128,21 +132,34 @@ def _judged(i: Input) -> bool:
 def plans(ruleset: RuleSet) -> list[Plan]:
     """One plan per (chain, family) the rules read, in a stable order."""
     found: dict[tuple[tuple[str, ...], str], set[Input]] = {}
+    device: dict[tuple[tuple[str, ...], str], set[frozenset[tuple[str, str]] | None]] = {}
     fams = {f.name: f for f in FAMILIES}
     for rule in ruleset.rules:
         for i in _rule_inputs(rule.expr):
             fam = family_of(i)
             if fam is not None and _judged(i):
                 found.setdefault((rule.node_labels, fam.name), set()).add(i)
+                if fam is INFINIBAND:
+                    device.setdefault((rule.node_labels, fam.name), set()).add(device_matchers_in(rule.expr))
     return [
         Plan(
             chain=chain,
             family=fams[name],
             listing=tuple(sorted({n for i in ins for n in i.names})),
             inputs=tuple(sorted(ins)),
+            matchers=_matchers_text(device.get((chain, name), set())),
         )
         for (chain, name), ins in sorted(found.items())
     ]
+
+
+def _matchers_text(seen: set[frozenset[tuple[str, str]] | None]) -> str:
+    """The matchers every rule of a plan agrees on, as PromQL (``""`` when they differ)."""
+    if len(seen) != 1 or None in seen:
+        return ""
+    (only,) = seen
+    assert only is not None
+    return "".join(f", device{op}{promql_string(value)}" for op, value in sorted(only))
 
 
 def _names_regex(names: Iterable[str]) -> str:
@@ -153,9 +170,10 @@ def lacking_query(plan: Plan, i: Input) -> str:
     """The PromQL listing ``plan``'s scopes (with their node labels and ``instance``) lacking ``i``."""
     by = ", ".join([*plan.chain, "instance", *plan.family.scope])
     on = ", ".join([*plan.chain, *(["instance"] if plan.family.join_instance else []), *plan.family.scope])
+    extra = plan.matchers
     return (
-        f'group by ({by}) ({{__name__=~"{_names_regex(plan.listing)}"}}) '
-        f'unless on ({on}) group by ({by}) ({{__name__=~"{_names_regex(i.names)}"}})'
+        f'group by ({by}) ({{__name__=~"{_names_regex(plan.listing)}"{extra}}}) '
+        f'unless on ({on}) group by ({by}) ({{__name__=~"{_names_regex(i.names)}"{extra}}})'
     )
 
 

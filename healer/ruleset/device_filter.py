@@ -231,6 +231,20 @@ def _device_matchers(selector: promql_parser.VectorSelector) -> set[tuple[str, s
     return {(_OPS[str(m.op)], m.value) for group in groups for m in group if m.name == DEVICE_LABEL}
 
 
+def device_matchers_in(expr: str) -> frozenset[tuple[str, str]] | None:
+    """The ``device`` matchers, as ``(operator, value)``, that every ``node_infiniband_*`` selector
+    of ``expr`` carries alike (the filter, once applied); None when the expression has no such
+    selector, its selectors disagree, or it does not parse."""
+    try:
+        parsed = promql_parser.parse(expr)
+    except (ValueError, TypeError):
+        return None
+    found = {
+        frozenset(_device_matchers(s)) for s in _vector_selectors(parsed) if _infiniband_name(s) is not None
+    }
+    return next(iter(found)) if len(found) == 1 else None
+
+
 def _filter_matchers(device_filter: DeviceFilter) -> set[tuple[str, str]]:
     parsed = promql_parser.parse(f"{INFINIBAND_PREFIX}probe{{{device_filter.matchers()}}}")
     assert isinstance(parsed, promql_parser.VectorSelector)

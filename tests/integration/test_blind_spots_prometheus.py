@@ -30,6 +30,7 @@ import pytest
 from healer.blind_spots import observe_blind_spots
 from healer.model.addresses import build_address_book
 from healer.model.blind_spots import BlindReport
+from healer.ruleset.device_filter import DeviceFilter
 from healer.ruleset.loading import load_ruleset
 from healer.sources.prometheus import PrometheusSource
 from healer_dev.prometheus import wait_until
@@ -175,3 +176,15 @@ def test_doctor_reports_per_node(prom: PrometheusServer) -> None:
     assert "no blind spot on gpu-a" in clear.stdout
     # Without a cluster the node names are the labels' (said once, on stderr).
     assert "not checked against the cluster" in clear.stderr
+
+
+def test_ports_the_device_filter_leaves_out_are_not_judged(prom: PrometheusServer) -> None:
+    """With mlx5_0 excluded by the InfiniBand device filter (a management HCA), its unreadable
+    counter is nobody's blind spot: the rules do not read that port."""
+    filtered = load_ruleset([REPO / "rules"], device_filter=DeviceFilter(exclude="mlx5_0"))
+    book = build_address_book(nodes=[("ib-node", [])], pods=[])
+    report = observe_blind_spots(
+        ruleset=filtered, source=PrometheusSource(prom.url), now=datetime.now(UTC), book=book
+    )
+    assert report.for_node("ib-node") == []
+    assert observe(prom).for_node("ib-node")  # unfiltered, the port is blind (the test above)
