@@ -53,8 +53,8 @@ class HealerMetrics:
         age = Gauge(
             "healer_node_watch_age_seconds",
             "Seconds since the watched store of Nodes last heard from the API server (an event, a "
-            "bookmark, a new watch or a list); -1 before its first list. Past "
-            "kubernetes watch staleness the controller lists instead.",
+            "bookmark, a new watch or a list); -1 before its first list and while its watch is down "
+            "(the controller then lists Nodes itself, as it does past 3 minutes of silence).",
             registry=self.registry,
         )
         age.set_function(lambda: _or_minus_one(watch.age_seconds()))

@@ -7,7 +7,8 @@ event to a local store; a watch that ends is resumed from the last ``resourceVer
 compacted away) makes them list again. :class:`NodeWatch` does the same for Nodes in a thread of
 its own, so a scheduler tick reads the cluster's nodes without a LIST. A watch that breaks (a
 dropped connection, an API server restart) is resumed from its ``resourceVersion`` after
-:data:`RETRY_SECONDS`, as client-go's reflector does.
+:data:`RETRY_SECONDS` (doubling while it keeps failing), as client-go's reflector does; until it
+is back, the store is not trusted and the adapter lists.
 
 Freshness: a watch request asks the API server to end it after :data:`WATCH_SECONDS` (its
 ``timeoutSeconds``), and the thread resumes at once; so a healthy watch is heard from (an event,
@@ -44,8 +45,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 WATCH_SECONDS = 60
 #: Seconds without an event, a bookmark or a new watch after which the store is stale.
 STALE_SECONDS = 3 * WATCH_SECONDS
-#: Seconds between two attempts after a failed list or watch.
+#: Seconds before the first attempt after a failed list or watch; doubled after each failure in
+#: a row, up to :data:`MAX_RETRY_SECONDS`.
 RETRY_SECONDS = 2.0
+MAX_RETRY_SECONDS = 60.0
 
 
 def trim_node(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,6 +110,7 @@ class NodeWatch:
         self._response: Any = None
         self.lists = self.watches = self.relists = 0
         self.error: str | None = None
+        self._failures = 0  # failed lists or watches in a row (the pause doubles with each)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -119,7 +123,8 @@ class NodeWatch:
 
     def age_seconds(self) -> float | None:
         """Seconds since the store last heard from the API server (event, bookmark, new watch or
-        list); None before the first list."""
+        list); None before the first list and while the watch is down (the store is then not
+        trusted)."""
         with self._lock:
             return None if self._heard is None else max(0.0, self.clock() - self._heard)
 
@@ -154,10 +159,20 @@ class NodeWatch:
                 self._version = None
                 self.relists += 1
             except Exception as exc:  # a dropped connection, a 5xx: watch again from where it was
-                self.error = f"{type(exc).__name__}: {exc}"
+                # Until the watch is back the store misses changes: not trusted (the adapter lists).
+                with self._lock:
+                    self._heard = None
+                error = f"{type(exc).__name__}: {exc}"
+                self._failures += 1
+                pause = min(RETRY_SECONDS * 2 ** (self._failures - 1), MAX_RETRY_SECONDS)
                 if not self._stop.is_set():
-                    log.warning("node watch interrupted, resuming in %.0fs: %s", RETRY_SECONDS, self.error)
-                self._stop.wait(RETRY_SECONDS)
+                    # One warning per new error, not one per attempt (a server refusing watches
+                    # would fill the log): the nodes are listed meanwhile.
+                    level = logging.WARNING if error != self.error else logging.DEBUG
+                    what = "node watch interrupted (nodes are listed meanwhile), resuming in %.0fs: %s"
+                    log.log(level, what, pause, error)
+                self.error = error
+                self._stop.wait(pause)
 
     def _heard_now(self) -> None:
         with self._lock:
@@ -203,6 +218,7 @@ class NodeWatch:
                 http_resp=response, body=data.decode("utf-8", errors="replace") if data else None, data=None
             )
         self.watches += 1
+        self._failures = 0
         self._heard_now()
         self._response = response.response
         try:

@@ -295,8 +295,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Stream watch events (one JSON object per line, chunked) until ``timeoutSeconds``
         (default 30 s) or the server stops: ``ADDED`` for every object when no
         ``resourceVersion`` is given, then ``MODIFIED`` for each object whose resourceVersion moves
-        past the last one sent. PDB status is recomputed every 20 ms, as the disruption controller
-        would write it."""
+        past the last one sent, ``DELETED`` for one gone since. The store is read every 20 ms (PDB
+        status recomputed each time, as the disruption controller would write it): a watch of the
+        demo's few dozen nodes, not of a scale bench's thousands."""
         query = {k: v for k, v in watch.query.items() if k not in ("watch", "resourceVersion")}
         since = int(watch.query.get("resourceVersion") or 0)
         end = time.monotonic() + float(watch.query.get("timeoutSeconds") or 30)
@@ -305,19 +306,33 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         sent: dict[str, int] = {}
+        last: dict[str, dict[str, object]] = {}
+
+        def emit(kind: str, obj: dict[str, object]) -> None:
+            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+
         try:
+            with self.emu._lock:  # what exists at the watch's start (a version already seen)
+                for obj in self.emu._list(watch.res, watch.ns, query)["items"]:
+                    meta = obj["metadata"]
+                    last[f"{meta.get('namespace', '')}/{meta['name']}"] = obj
             while time.monotonic() < end and self.emu._server is not None:
                 with self.emu._lock:
                     items = self.emu._list(watch.res, watch.ns, query)["items"]
+                now: dict[str, dict[str, object]] = {}
                 for obj in items:
                     meta = obj["metadata"]
-                    rv, key = int(meta["resourceVersion"]), f"{meta['namespace']}/{meta['name']}"
+                    rv, key = int(meta["resourceVersion"]), f"{meta.get('namespace', '')}/{meta['name']}"
+                    now[key] = obj
                     if rv > since and sent.get(key) != rv:
-                        kind = "ADDED" if since == 0 and key not in sent else "MODIFIED"
-                        line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                        self.wfile.flush()
+                        emit("ADDED" if since == 0 and key not in sent else "MODIFIED", obj)
                         sent[key] = rv
+                for key in last.keys() - now.keys():
+                    emit("DELETED", last[key])
+                    sent.pop(key, None)
+                last = now
                 time.sleep(0.02)
             self.wfile.write(b"0\r\n\r\n")
         except OSError:

@@ -136,8 +136,8 @@ def test_a_store_that_hears_nothing_is_not_trusted(kube: ControlPlane, proxy: Ap
         watches = watch.watches
         proxy.cut()
         wait_until(lambda: watch.nodes() is None, timeout=30, what="the store gone stale")
-        age = watch.age_seconds()
-        assert age is not None and age > 2
+        age = watch.age_seconds()  # the cut dropped it (None), or it was silent past 2 s
+        assert age is None or age > 2
         adapter = KubernetesNodeActions(api, KubernetesSettings(domain="healer.dev"), node_watch=watch)
         before = proxy.lists(NODES)
         adapter.node_pools()  # the adapter lists instead of trusting the stale store
