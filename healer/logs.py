@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
 from healer import redaction
@@ -25,6 +26,8 @@ def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
                 "%(asctime)s %(levelname)s %(name)s %(message)s",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
                 datefmt="%Y-%m-%dT%H:%M:%S%z",
+                # uvicorn's terminal copy of each message, with ANSI colour codes: not for JSON.
+                reserved_attrs=[*RESERVED_ATTRS, "color_message"],
             )
         )
     else:

@@ -70,7 +70,11 @@ async def readyz(request: Request) -> Response:
         )
     except SQLAlchemyError as exc:
         database = False
-        reasons.append(f"database unreachable: {exc.__class__.__name__}")
+        orig = getattr(exc, "orig", None)
+        if "no such table" in str(orig) or type(orig).__name__ == "UndefinedTable":  # SQLite, psycopg
+            reasons.append("database has no healer schema: run `healer db upgrade`")
+        else:
+            reasons.append(f"database unreachable: {exc.__class__.__name__}")
     except TimeoutError:
         database = False
         reasons.append(f"database did not answer within {READY_DB_TIMEOUT_SECONDS:g}s")

@@ -14,9 +14,9 @@ input a rule reads while other targets export it (``--node NAME`` for one node's
 rules). Series name their node as the rules' do, checked against the cluster when a Kubernetes
 configuration is at hand (else node labels are taken as they are, said in one line).
 
-Exit status: 0 every rule can see its inputs everywhere; 1 Prometheus could not be queried or the
-rules do not load; 2 bad usage or settings; 3 a rule reads a required metric no target exports, or
-a node has a blind spot.
+Exit status: 0 every rule can see its inputs everywhere; 1 Prometheus could not be queried, the
+rules do not load, or ``--node`` names no Node of the cluster; 2 bad usage or settings; 3 a rule
+reads a required metric no target exports, or a node has a blind spot.
 """
 
 from __future__ import annotations
@@ -129,6 +129,16 @@ def exporters(
     lines = read_counters(counters) if counters.is_dir() else {}
     rows = _rows(checks)
     blind = [c.rule for c in checks if c.blind]
+    if (
+        node is not None
+        and book is not None
+        and book.checks_labels
+        and node.lower() not in (book.node_names or ())
+    ):
+        typer.echo(
+            f"error: no Node named {node!r} in the cluster (--node takes a Kubernetes node name)", err=True
+        )
+        raise typer.Exit(1)
     spots = [s for s in report.spots if node is None or s.node == node]
     document: dict[str, Any] = {
         "prometheus": redact_url(source.url),
@@ -150,6 +160,11 @@ def exporters(
             _print_fleet(rows, blind, checks, lines, output)
             typer.echo("")
         _print_spots(spots, node, report, book_note, output)
+        if node is not None and blind:
+            typer.echo(
+                f"and fleet-wide, on every node: {len(blind)} rule(s) read a metric no target exports "
+                f"({', '.join(blind)}); `healer doctor exporters` without --node lists them"
+            )
     if blind or spots:
         raise typer.Exit(3)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from healer.cli.context import settings_from
+from healer.cli.context import require_rule_paths, settings_from
 from healer.cli.output import FormatAlias, Output, OutputOption, chosen, emit
 from healer.cli.tables import columns
 
@@ -41,18 +41,28 @@ def evaluate(
             help="Resume from and record into the configured database (default), or touch nothing.",
         ),
     ] = True,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Prometheus base URL (default: the prometheus.url setting)."),
+    ] = None,
 ) -> None:
     """Query every rule once at the current time and print the findings and each rule's health."""
     from healer import wiring
     from healer.detection import initial_state, run_detection
     from healer.errors import RuleError, StoreError
     from healer.model.states import RuleHealth
+    from healer.redaction import redact_url
     from healer.ruleset.loading import load_ruleset
 
     if not once:
         typer.echo("error: give --once (`healer run` runs the controller loop)", err=True)
         raise typer.Exit(2)
     settings = settings_from(ctx)
+    if prometheus:
+        settings = settings.model_copy(
+            update={"prometheus": settings.prometheus.model_copy(update={"url": prometheus})}
+        )
+    require_rule_paths(settings.rules_paths, given=False)
     try:
         ruleset = load_ruleset(settings.rules_paths, device_filter=settings.infiniband.device_filter())
     except RuleError as exc:
@@ -79,6 +89,11 @@ def evaluate(
         typer.echo(as_table(result))
     healths = {r.health for r in result.reports}
     if RuleHealth.UNAVAILABLE in healths:
+        typer.echo(
+            f"healer asked {redact_url(settings.prometheus.url)}; point it at your Prometheus with "
+            "--prometheus URL, or HEALER_PROMETHEUS__URL (prometheus.url in a --config file)",
+            err=True,
+        )
         raise typer.Exit(1)
     if RuleHealth.ERROR in healths:
         raise typer.Exit(3)

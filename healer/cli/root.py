@@ -47,7 +47,7 @@ EPILOG = (
     "     (evaluate, backtest); evaluate: also no database schema, or a rule degraded\n"
     "     (some of its series name no node)\n"
     "  3  evaluate: a rule is broken (Prometheus refused its PromQL); doctor exporters: a rule\n"
-    "     reads a metric no target exports\n"
+    "     reads a metric no target exports, or a node has a blind spot\n"
     "`healer run` and `healer serve` exit 0 on SIGTERM or SIGINT after a clean shutdown, and every\n"
     "command exits 0 when the reader of its output goes away (`healer rules show | head -1`)."
 )

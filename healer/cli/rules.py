@@ -258,6 +258,15 @@ def test_(
     from healer.ruletest.runner import run
 
     files = _test_files(paths)
+    missing = [p for p in paths if not p.exists()]
+    if missing or not files:
+        where = ", ".join(f"{p} ({p.resolve()})" for p in missing or paths)
+        typer.echo(
+            f"error: no rule test files at {where}: give test files, or directories holding "
+            "*.yaml/*.yml test files (the repository's are in rules/tests)",
+            err=True,
+        )
+        raise typer.Exit(1)
     outcome = run(files, device_filter=settings_from(ctx).infiniband.device_filter())
     for warning in outcome.warnings:
         typer.echo(f"warning: {warning}", err=True)

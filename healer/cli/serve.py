@@ -24,7 +24,9 @@ log = logging.getLogger("healer.serve")
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Listen address (default: api.host).")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (default: api.port).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Listen port (default: api.port; 0: a free one, printed).", min=0)
+    ] = None,
     text_logs: Annotated[
         bool, typer.Option("--text-logs", help="Plain text logs instead of JSON lines.")
     ] = False,
@@ -32,6 +34,8 @@ def serve(
     """Serve the dashboard, the JSON API and /metrics (no controller: nothing is acted on).
 
     SIGTERM/SIGINT stop serving and exit 0."""
+    import socket
+
     import uvicorn
 
     from healer import wiring
@@ -60,12 +64,23 @@ def serve(
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    host, port = host or settings.api.host, port or settings.api.port
+    host = host or settings.api.host
+    port = settings.api.port if port is None else port
+    # Bound here, so a port 0 is a free port known before serving and the line below names it.
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        where = f"{host}:{port} (--host, --port; api.host, api.port)"
+        typer.echo(f"error: cannot listen on {where}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    port = int(listener.getsockname()[1])
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, proxy_headers=True)
     )
     log.info("dashboard on http://%s:%d/ (no controller in this process)", host, port)
     try:
-        server.run()  # returns on SIGTERM/SIGINT
+        server.run(sockets=[listener])  # returns on SIGTERM/SIGINT
     finally:
         engine.dispose()

@@ -203,3 +203,16 @@ def test_healer_serve_runs_the_dashboard_standalone(migrated_sqlite_url: str) ->
     messages = [line["message"] for line in lines]
     assert f"dashboard on {served.url}/ (no controller in this process)" in messages
     assert "Application shutdown complete." in messages
+
+
+def test_a_database_without_schema_says_to_upgrade_it(tmp_path: Path) -> None:
+    """A fresh database file (``healer serve`` before ``healer db upgrade``) is reachable but
+    empty: /readyz names the command that fixes it, not an OperationalError."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'healer.db'}")
+    try:
+        with http_client(build_app(make_sessionmaker(engine))) as c:
+            ready = c.get("/readyz")
+    finally:
+        engine.dispose()
+    assert ready.status_code == 503
+    assert ready.json()["reasons"] == ["database has no healer schema: run `healer db upgrade`"]
