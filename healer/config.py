@@ -81,6 +81,12 @@ class DetectionSettings(_Group):
         ),
     )
 
+    @property
+    def recording_rules(self) -> bool:
+        """Whether rule files may hold Prometheus recording rules: in alerts mode only, where
+        Prometheus evaluates them (query mode evaluates alerting rules and records nothing)."""
+        return self.mode == "alerts"
+
 
 class KubernetesSettings(_Group):
     """How healer talks to the cluster and marks what it did."""

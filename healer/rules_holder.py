@@ -63,6 +63,8 @@ class RulesHolder:
         session_factory: where a reload's outcome is recorded (None: not recorded).
         clock: aware UTC now.
         transform: applied to every loaded set (the demo shortens ``for`` with it).
+        recording_rules: accept Prometheus recording rules (alerts mode; see
+            :func:`~healer.ruleset.loading.validate_rules`).
 
     Raises (constructor):
         RuleError: the initial load failed; the controller does not start on bad rules.
@@ -75,15 +77,17 @@ class RulesHolder:
         session_factory: sessionmaker[Session] | None,
         clock: Callable[[], datetime],
         transform: Callable[[RuleSet], RuleSet] = lambda rs: rs,
+        recording_rules: bool = False,
     ) -> None:
         self.paths = list(paths)
+        self._recording_rules = recording_rules
         self._sessions = session_factory
         self._clock = clock
         self._transform = transform
         self._lock = threading.Lock()
         self._requested = threading.Event()
         self._fingerprint = _fingerprint(self.paths)
-        self._ruleset = transform(load_ruleset(self.paths))
+        self._ruleset = transform(load_ruleset(self.paths, recording_rules=recording_rules))
         self._record(error=None)
 
     @property
@@ -97,7 +101,7 @@ class RulesHolder:
         # meanwhile gets the current one instead of waiting.
         self._fingerprint = _fingerprint(self.paths)  # a rejected set is retried on the next change
         try:
-            result = reload_ruleset(self.paths, self.ruleset)
+            result = reload_ruleset(self.paths, self.ruleset, recording_rules=self._recording_rules)
         except Exception as exc:  # untrusted files: whatever they do, the old rules keep running
             log.exception("rules reload failed (%s); the previous rule set keeps running", reason)
             self._record(error=f"reload failed: {type(exc).__name__}: {exc}")

@@ -351,7 +351,13 @@ def build_process(
     identity = identity or default_identity()
     sessions = database(settings, upgrade=upgrade)
     clock = clock or SharedClock(lambda: database_now(sessions))
-    rules = RulesHolder(settings.rules_paths, session_factory=sessions, clock=clock, transform=transform)
+    rules = RulesHolder(
+        settings.rules_paths,
+        session_factory=sessions,
+        clock=clock,
+        transform=transform,
+        recording_rules=settings.detection.recording_rules,
+    )
     refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)
     cluster, actions = node_actions(settings, api_client, sessions, identity=identity, clock=clock)

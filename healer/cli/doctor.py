@@ -80,7 +80,7 @@ def exporters(
         )
     require_rule_paths(settings.rules_paths, given=False)
     try:
-        ruleset = load_ruleset(settings.rules_paths)
+        ruleset = load_ruleset(settings.rules_paths, recording_rules=settings.detection.recording_rules)
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(1) from exc

@@ -54,7 +54,7 @@ def evaluate(
         raise typer.Exit(2)
     settings = settings_from(ctx)
     try:
-        ruleset = load_ruleset(settings.rules_paths)
+        ruleset = load_ruleset(settings.rules_paths, recording_rules=settings.detection.recording_rules)
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(2) from exc

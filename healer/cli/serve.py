@@ -46,7 +46,7 @@ def serve(
     configure_logging(settings.log_level, json=not text_logs)
     ruleset: RuleSet | None
     try:
-        ruleset = load_ruleset(settings.rules_paths)
+        ruleset = load_ruleset(settings.rules_paths, recording_rules=settings.detection.recording_rules)
     except RuleError as exc:
         log.warning("rules not loaded; the rules page lists recent evaluations:\n%s", exc)
         ruleset = None
