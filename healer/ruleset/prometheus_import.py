@@ -139,15 +139,15 @@ def healer_view(tree: CommentedMap) -> PrometheusView:
 
 
 def annotation_value(shape: Literal["list", "mapping", "text"], text: str) -> Any:
-    """The value of a healer annotation: ``text`` stripped; a ``list`` or ``mapping`` as the YAML
+    """The value of a healer annotation: ``text`` as it is; a ``list`` or ``mapping`` as the YAML
     flow collection it writes (brackets optional), as round-trip nodes.
 
     Raises:
         ValueError: not such a collection, or one with anchors, aliases or deeper than 8 levels.
     """
-    body = text.strip()
     if shape == "text":
-        return body
+        return text
+    body = text.strip()
     opening, closing = ("[", "]") if shape == "list" else ("{", "}")
     if not body.startswith(opening):
         body = f"{opening}{body}{closing}"
@@ -161,7 +161,10 @@ def annotation_value(shape: Literal["list", "mapping", "text"], text: str) -> An
             depth += isinstance(event, CollectionStartEvent) - isinstance(event, CollectionEndEvent)
             if depth > _MAX_ANNOTATION_DEPTH:
                 raise ValueError(f"{what} nested at most {_MAX_ANNOTATION_DEPTH} levels")
-        value = yaml.load(body)
+        try:
+            value = yaml.load(body)
+        except (ValueError, TypeError, OverflowError) as exc:  # a constructor on a tagged value (`!!int x`)
+            raise ValueError(f"not {what}: {type(exc).__name__}: {exc}") from exc
     except YAMLError as exc:
         _, column, message = describe_yaml_error(exc, body)
         raise ValueError(f"not {what}: {message} (column {column} of {body!r})") from exc
