@@ -10,14 +10,13 @@ both nodes out: only the missing annotation keeps the warm node in service.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store.models import Finding, Node
-from tests.e2e.harness import World
+from tests.e2e.harness import World, condition
 from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
@@ -53,11 +52,6 @@ def firing(sessions: sessionmaker[Session], rule: str) -> set[str]:
         return set(
             s.scalars(select(Finding.node_name).where(Finding.rule == rule, Finding.state == "firing"))
         )
-
-
-def condition(view: dict[str, Any]) -> str | None:
-    found = [c for c in view.get("status", {}).get("conditions", []) if c["type"] == "GpuHealthy"]
-    return found[0]["status"] if found else None
 
 
 def test_a_prometheus_rule_with_the_action_annotation_quarantines_and_one_without_does_not(
