@@ -149,6 +149,12 @@ class DetectionSettings(_Group):
             )
         return self
 
+    @property
+    def recording_rules(self) -> bool:
+        """Whether rule files may hold Prometheus recording rules: in alerts mode only, where
+        Prometheus evaluates them (query mode evaluates alerting rules and records nothing)."""
+        return self.mode == "alerts"
+
 
 class KubernetesSettings(_Group):
     """How healer talks to the cluster and marks what it did."""

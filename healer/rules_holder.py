@@ -65,6 +65,8 @@ class RulesHolder:
         clock: aware UTC now.
         transform: applied to every loaded set (the demo shortens ``for`` with it).
         device_filter: the settings' InfiniBand device filter, written into every load and reload.
+        recording_rules: accept Prometheus recording rules (alerts mode; see
+            :func:`~healer.ruleset.loading.validate_rules`).
 
     Raises (constructor):
         RuleError: the initial load failed; the controller does not start on bad rules.
@@ -78,8 +80,10 @@ class RulesHolder:
         clock: Callable[[], datetime],
         transform: Callable[[RuleSet], RuleSet] = lambda rs: rs,
         device_filter: DeviceFilter = ALL_DEVICES,
+        recording_rules: bool = False,
     ) -> None:
         self.paths = list(paths)
+        self._recording_rules = recording_rules
         self._sessions = session_factory
         self._clock = clock
         self._transform = transform
@@ -87,7 +91,9 @@ class RulesHolder:
         self._requested = threading.Event()
         self._fingerprint = _fingerprint(self.paths)
         self._device_filter = device_filter
-        self._ruleset = transform(load_ruleset(self.paths, device_filter=device_filter))
+        self._ruleset = transform(
+            load_ruleset(self.paths, recording_rules=recording_rules, device_filter=device_filter)
+        )
         self._record(error=None)
 
     @property
@@ -101,7 +107,12 @@ class RulesHolder:
         # meanwhile gets the current one instead of waiting.
         self._fingerprint = _fingerprint(self.paths)  # a rejected set is retried on the next change
         try:
-            result = reload_ruleset(self.paths, self.ruleset, device_filter=self._device_filter)
+            result = reload_ruleset(
+                self.paths,
+                self.ruleset,
+                recording_rules=self._recording_rules,
+                device_filter=self._device_filter,
+            )
         except Exception as exc:  # untrusted files: whatever they do, the old rules keep running
             log.exception("rules reload failed (%s); the previous rule set keeps running", reason)
             self._record(error=f"reload failed: {type(exc).__name__}: {exc}")

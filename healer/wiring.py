@@ -366,6 +366,7 @@ def build_process(
         clock=clock,
         transform=transform,
         device_filter=settings.infiniband.device_filter(),
+        recording_rules=settings.detection.recording_rules,
     )
     refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)

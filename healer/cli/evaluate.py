@@ -64,7 +64,11 @@ def evaluate(
         )
     require_rule_paths(settings.rules_paths, given=False)
     try:
-        ruleset = load_ruleset(settings.rules_paths, device_filter=settings.infiniband.device_filter())
+        ruleset = load_ruleset(
+            settings.rules_paths,
+            recording_rules=settings.detection.recording_rules,
+            device_filter=settings.infiniband.device_filter(),
+        )
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(2) from exc

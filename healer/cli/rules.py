@@ -1,5 +1,9 @@
 """``healer rules ...``: validate rule files and show the effective rule set.
 
+Rule files are healer's format or Prometheus rule files (docs/rules.md, "Prometheus rule files").
+Recording rules are accepted where Prometheus evaluates them: by ``export`` and ``scrape-keep``
+always, by ``validate`` and ``show`` in alerts mode (``detection.mode``).
+
 Exit status: 0 valid, 1 invalid rule files (every problem on stderr, one per line), 2 bad usage or
 settings.
 """
@@ -41,23 +45,34 @@ NoPromql = Annotated[
 ]
 
 
-def _validate(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> Validation:
+def _validate(
+    ctx: typer.Context, paths: list[Path] | None, no_promql: bool, *, recording_rules: bool | None = None
+) -> Validation:
+    """The rule files checked; ``recording_rules`` None: accepted in alerts mode (the settings')."""
     from healer.ruleset.loading import validate_rules
 
     given = bool(paths)
+    settings = settings_from(ctx)
     if not paths:
-        paths = list(settings_from(ctx).rules_paths)
+        paths = list(settings.rules_paths)
     group = ctx.parent.info_name if ctx.parent is not None else "rules"
     usage = f"give them as arguments (`healer {group} {ctx.info_name} PATH...`)"
     require_rule_paths(paths, given=given, usage=usage)
-    device_filter = settings_from(ctx).infiniband.device_filter()
-    return validate_rules(paths, promtool=not no_promql, device_filter=device_filter)
+    if recording_rules is None:
+        recording_rules = settings.detection.recording_rules
+    return validate_rules(
+        paths,
+        promtool=not no_promql,
+        recording_rules=recording_rules,
+        device_filter=settings.infiniband.device_filter(),
+    )
 
 
 def _valid(ctx: typer.Context, paths: list[Path] | None, no_promql: bool) -> Validation:
-    """:func:`_validate` for commands that write from a valid rule set: warnings on stderr; on any
-    problem every one on stderr and exit 1 (nothing written)."""
-    v = _validate(ctx, paths, no_promql)
+    """:func:`_validate` for commands that write from a valid rule set, recording rules included
+    (Prometheus evaluates them): warnings on stderr; on any problem every one on stderr and exit 1
+    (nothing written)."""
+    v = _validate(ctx, paths, no_promql, recording_rules=True)
     for warning in v.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if not v.ok or v.ruleset is None:
@@ -85,8 +100,9 @@ def _summary(v: Validation) -> str:
     rs = v.ruleset
     assert rs is not None
     n_files = len(v.files)
+    records = f" and {len(rs.records)} recording rule{'s' * (len(rs.records) != 1)}" if rs.records else ""
     return (
-        f"{len(rs.rules)} rule{'s' * (len(rs.rules) != 1)} in {len(rs.groups)} "
+        f"{len(rs.rules)} rule{'s' * (len(rs.rules) != 1)}{records} in {len(rs.groups)} "
         f"group{'s' * (len(rs.groups) != 1)} from {n_files} file{'s' * (n_files != 1)}"
     )
 
@@ -128,31 +144,17 @@ def validate(
 
 def _action_text(action: Any) -> str:
     """``drain(timeout=1h, force=True)``: options that differ from their defaults, and the deadline."""
-    options = _action_options(action, everything=False)
+    from healer.ruleset.schema import step_options
+
+    options = step_options(action, everything=False)
     if not options:
         return str(action.kind)
     return f"{action.kind}({', '.join(f'{k}={v}' for k, v in options.items())})"
 
 
-def _action_options(action: Any, *, everything: bool) -> dict[str, Any]:
-    """An action's options, durations as Prometheus strings; all of them, or the telling ones."""
-    from healer.ruleset.durations import format_duration
-
-    out: dict[str, Any] = {}
-    for name, field in type(action).model_fields.items():
-        value = getattr(action, name)
-        if name == "kind" or (not everything and value == field.default and name != "timeout"):
-            continue
-        out[name] = format_duration(value) if name in _DURATIONS else value
-    return out
-
-
-#: Action options held as seconds, shown as Prometheus durations.
-_DURATIONS = frozenset({"timeout", "checkpoint"})
-
-
 def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[str, Any]:
     from healer.ruleset.durations import format_duration
+    from healer.ruleset.schema import step_options
 
     return {
         "group": group.name,
@@ -165,7 +167,7 @@ def _rule_record(group: RuleGroup, rule: Rule, default_interval: float) -> dict[
         "node_labels": list(rule.node_labels),
         "unit": rule.unit,
         "summary": rule.summary,
-        "actions": [{"kind": a.kind, **_action_options(a, everything=True)} for a in rule.actions],
+        "actions": [{"kind": a.kind, **step_options(a, everything=True)} for a in rule.actions],
         "expr": rule.expr,
     }
 
@@ -179,7 +181,8 @@ def show(
     no_promql: NoPromql = False,
 ) -> None:
     """The effective rule set: per rule its group, interval, for, keep_firing_for, severity,
-    actions and expression (interval falls back to scheduler.default_interval_seconds)."""
+    actions and expression (interval falls back to scheduler.default_interval_seconds); then the
+    recording rules of Prometheus rule files (alerts mode), which Prometheus evaluates."""
     v = _validate(ctx, paths, no_promql)
     for warning in v.warnings:
         typer.echo(f"warning: {warning}", err=True)
@@ -187,23 +190,31 @@ def show(
         for problem in v.problems:
             typer.echo(str(problem), err=True)
         raise typer.Exit(1)
+    from healer.ruleset.durations import format_duration
+
     ruleset: RuleSet = v.ruleset
     default_interval = settings_from(ctx).scheduler.default_interval_seconds
     records = [_rule_record(g, r, default_interval) for g in ruleset.groups for r in g.rules]
+    recording = [
+        {"group": g.name, "record": r.record, "expr": r.expr, "labels": dict(r.labels)}
+        for g in ruleset.groups
+        for r in g.records
+    ]
     output = chosen(output, format_alias=format_alias)
     if output is Output.JSON:
-        typer.echo(json.dumps({"files": list(v.files), "rules": records}, indent=2))
+        body = {"files": list(v.files), "rules": records, "recording_rules": recording}
+        typer.echo(json.dumps(body, indent=2))
     elif output is Output.YAML:
         from ruamel.yaml import YAML
         from ruamel.yaml.scalarstring import LiteralScalarString
 
         yaml = YAML(typ="rt")  # keeps the record's key order
         yaml.width = 4096  # keep one-line summaries on one line
-        for rec in records:
+        for rec in [*records, *recording]:
             if "\n" in rec["expr"]:
                 rec["expr"] = LiteralScalarString(rec["expr"] + "\n")
         buf = io.StringIO()
-        yaml.dump({"files": list(v.files), "rules": records}, buf)
+        yaml.dump({"files": list(v.files), "rules": records, "recording_rules": recording}, buf)
         typer.echo(buf.getvalue(), nl=False)
     else:
         rows = [["GROUP", "RULE", "INTERVAL", "FOR", "KEEP", "SEVERITY", "ACTIONS", "EXPR"]]
@@ -223,6 +234,11 @@ def show(
                         expr,
                     ]
                 )
+        for g in ruleset.groups:
+            for record in g.records:
+                interval = format_duration(g.interval or default_interval)
+                expr = " ".join(record.expr.split())
+                rows.append([g.name, record.record, interval, "-", "-", "-", "(recording rule)", expr])
         typer.echo(columns(rows, width=table_width(output)))
         typer.echo(f"\n{_summary(v)}")
 
@@ -330,9 +346,10 @@ def export(
     ] = False,
 ) -> None:
     """Write the rule set as a Prometheus rule file (YAML, stdout) for alerts mode
-    (detection.mode: alerts): groups with their interval, expr, for, keep_firing_for, labels
-    (severity, the rule's, healer_rule: <rule>) and annotations (plus healer_rule_digest).
-    vmalert reads the same file (before 1.94 with --no-keep-firing-for).
+    (detection.mode: alerts): groups with their interval, recording rules, expr, for,
+    keep_firing_for, labels (severity, the rule's, healer_rule: <rule>) and annotations (plus
+    healer's keys, healer_actions and the others, and healer_rule_digest). healer loads the file
+    back as the same rules. vmalert reads the same file (before 1.94 with --no-keep-firing-for).
     Invalid rule files: every problem on stderr, exit 1, nothing written."""
     from ruamel.yaml import YAML
     from ruamel.yaml.scalarstring import LiteralScalarString
@@ -358,7 +375,7 @@ def export(
         )
         groups = doc["groups"]
     for group in groups:
-        for rule in group["rules"]:
+        for rule in group["rules"]:  # recording rules included
             if "\n" in rule["expr"]:
                 rule["expr"] = LiteralScalarString(rule["expr"] + "\n")
     yaml = YAML(typ="rt")

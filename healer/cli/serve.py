@@ -50,7 +50,11 @@ def serve(
     configure_logging(settings.log_level, json=not text_logs)
     ruleset: RuleSet | None
     try:
-        ruleset = load_ruleset(settings.rules_paths, device_filter=settings.infiniband.device_filter())
+        ruleset = load_ruleset(
+            settings.rules_paths,
+            recording_rules=settings.detection.recording_rules,
+            device_filter=settings.infiniband.device_filter(),
+        )
     except RuleError as exc:
         log.warning("rules not loaded; the rules page lists recent evaluations:\n%s", exc)
         ruleset = None

@@ -133,8 +133,9 @@ def scheduled_tick_time(origin: datetime, period: float, clock_now: datetime) ->
 
 
 def tick_seconds(groups: Sequence[RuleGroup], default_interval: float) -> float:
-    """The tick period: the shortest group interval (seconds), so every group runs on time."""
-    return min((g.interval or default_interval for g in groups), default=default_interval)
+    """The tick period: the shortest interval (seconds) of a group with alerting rules, so every
+    group runs on time (recording rules are Prometheus's to evaluate)."""
+    return min((g.interval or default_interval for g in groups if g.rules), default=default_interval)
 
 
 @dataclass

@@ -10,12 +10,21 @@ Each healer rule becomes one Prometheus alerting rule (format: Prometheus docs, 
 - ``alert``: the rule name; ``expr``, ``for`` and ``keep_firing_for`` as healer evaluates them;
 - ``labels``: ``severity``, the rule's own ``labels``, and :data:`RULE_LABEL` (``healer_rule``:
   the rule's name), by which healer finds its rules among every other alert;
-- ``annotations``: the rule's own, plus :data:`DIGEST_ANNOTATION`, a digest of what decides a
-  finding (``expr``, ``for``, ``keep_firing_for``): alerts mode refuses a rule whose copy in
-  Prometheus differs from the rule healer loaded (an export not reloaded).
+- ``annotations``: the rule's own; healer's keys that differ from their defaults
+  (:data:`HEALER_ANNOTATIONS`: ``healer_actions: "quarantine, drain: {timeout: 1h}, ticket"``...;
+  the pool is the rule's own, else its group's); and :data:`DIGEST_ANNOTATION`, a digest of what
+  decides a finding (``expr``, ``for``, ``keep_firing_for``): alerts mode refuses a rule whose
+  copy in Prometheus differs from the rule healer loaded (an export not reloaded).
+
+A group's recording rules (from a Prometheus rule file) come first in it, as ``record``, ``expr``
+and ``labels``, so its alerting rules read what they record at the same evaluation.
 
 Every group gets an ``interval`` (the group's, else ``scheduler.default_interval_seconds``), so
 Prometheus evaluates each group as often as healer's query mode would.
+
+The file loads back as the same rules (:mod:`healer.ruleset.prometheus_import` reads it: the
+exact inverse), except that a group without an interval has the one written, and a group's pool
+comes back as each of its rules' own.
 
 ``keep_firing_for=False`` leaves ``keep_firing_for`` out, for engines that reject the field
 (vmalert before 1.94, e.g. Debian's 1.79; Prometheus before 2.42). The digest still covers it:
@@ -26,12 +35,15 @@ alerts mode then sees that the engine reports no hold for the rule and holds fir
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
+
+from ruamel.yaml import YAML
 
 from healer.ruleset.durations import format_duration
-from healer.ruleset.schema import Rule, RuleSet
+from healer.ruleset.schema import PoolSpec, Rule, RuleSet, step_options
 
 #: The label naming healer's rule on every exported alert (and so on ``ALERTS`` and Alertmanager).
 RULE_LABEL = "healer_rule"
@@ -41,6 +53,23 @@ DIGEST_ANNOTATION = "healer_rule_digest"
 ALERT_NAME_LABEL = "alertname"
 
 PROMETHEUS_RULE_API_VERSION = "monitoring.coreos.com/v1"
+
+#: healer's keys of a rule with no Prometheus field of their own → the annotation that carries
+#: each, and how its value is written: ``list`` and ``mapping`` as a YAML flow sequence or mapping
+#: without its brackets (``quarantine, drain: {timeout: 1h}``; ``name: h100, node_selector: {...}``),
+#: ``text`` as the value itself. Annotation names are Prometheus label names (Prometheus 2 refuses
+#: others).
+HEALER_ANNOTATIONS: dict[str, tuple[str, Literal["list", "mapping", "text"]]] = {
+    "actions": ("healer_actions", "list"),
+    "ladder": ("healer_ladder", "list"),
+    "node_labels": ("healer_node_labels", "list"),
+    "gpu_label": ("healer_gpu_label", "text"),
+    "unit": ("healer_unit", "text"),
+    "kind": ("healer_kind", "text"),
+    "sticky": ("healer_sticky", "text"),
+    "classify": ("healer_classify", "text"),
+    "pool": ("healer_pool", "mapping"),
+}
 
 
 def rule_digest(rule: Rule) -> str:
@@ -54,6 +83,43 @@ def alert_labels(rule: Rule) -> dict[str, str]:
     return {"severity": rule.severity, **rule.labels, RULE_LABEL: rule.name}
 
 
+def healer_annotations(rule: Rule, pool: PoolSpec | None) -> dict[str, str]:
+    """The annotations of :data:`HEALER_ANNOTATIONS` for ``rule``'s keys that differ from their
+    defaults; ``pool`` is the rule's pool (its own, else its group's)."""
+    out: dict[str, str] = {}
+    for field, (name, shape) in HEALER_ANNOTATIONS.items():
+        value: Any = pool if field == "pool" else getattr(rule, field)
+        if value == Rule.model_fields[field].get_default(call_default_factory=True):
+            continue
+        if field in ("actions", "ladder"):
+            text = ", ".join(_step_text(step) for step in value)
+        elif shape == "list":
+            text = _flow(list(value))[1:-1]
+        elif shape == "mapping":
+            text = _flow(value.model_dump(exclude_none=True))[1:-1]
+        else:
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        out[name] = text
+    return out
+
+
+def _step_text(step: Any) -> str:
+    """``quarantine``; ``drain: {timeout: 1h, force: true}`` (a YAML flow pair)."""
+    options = step_options(step, everything=False)
+    return f"{step.kind}: {_flow(options)}" if options else str(step.kind)
+
+
+def _flow(value: Any) -> str:
+    """``value`` (a list or mapping) as one line of YAML flow style, quoted where YAML needs it."""
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = True
+    yaml.width = 1 << 16
+    yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]  # the schema's order
+    buf = io.StringIO()
+    yaml.dump(value, buf)
+    return buf.getvalue().strip()
+
+
 def prometheus_rule_groups(
     ruleset: RuleSet, *, default_interval_seconds: float | None, keep_firing_for: bool = True
 ) -> list[dict[str, Any]]:
@@ -65,6 +131,11 @@ def prometheus_rule_groups(
     groups: list[dict[str, Any]] = []
     for group in ruleset.groups:
         rules: list[dict[str, Any]] = []
+        for record in group.records:
+            recording: dict[str, Any] = {"record": record.record, "expr": record.expr}
+            if record.labels:
+                recording["labels"] = dict(record.labels)
+            rules.append(recording)
         for rule in group.rules:
             item: dict[str, Any] = {"alert": rule.name, "expr": rule.expr}
             if rule.for_:
@@ -72,7 +143,11 @@ def prometheus_rule_groups(
             if rule.keep_firing_for and keep_firing_for:
                 item["keep_firing_for"] = format_duration(rule.keep_firing_for)
             item["labels"] = alert_labels(rule)
-            item["annotations"] = {**rule.annotations, DIGEST_ANNOTATION: rule_digest(rule)}
+            item["annotations"] = {
+                **rule.annotations,
+                **healer_annotations(rule, rule.pool or group.pool),
+                DIGEST_ANNOTATION: rule_digest(rule),
+            }
             rules.append(item)
         out: dict[str, Any] = {"name": group.name}
         interval = group.interval or default_interval_seconds

@@ -7,8 +7,14 @@ Entry points::
     reload_ruleset(paths, previous) -> Reload the controller's reload: a bad file keeps ``previous``
     to_prometheus_rules(ruleset) -> dict      the same rules as a Prometheus alerting rule file
 
+A file is healer's rule format, or a Prometheus rule file (``alert:``/``record:`` rules, healer's
+keys as annotations) read as the healer rules it stands for
+(:mod:`healer.ruleset.prometheus_import`); its recording rules are refused unless the caller
+allows them (``recording_rules=True``: alerts mode, where Prometheus evaluates them).
+
 A problem names the file, the 1-based line and column, and the field path, e.g.
-``rules/gpu.yaml:14:9: groups[0].rules[2].for: not a Prometheus duration: '5 minutes'``.
+``rules/gpu.yaml:14:9: groups[0].rules[2].for: not a Prometheus duration: '5 minutes'``; in a
+Prometheus rule file the path is that file's (``groups[0].rules[1].annotations.healer_actions``).
 Checks, all reported at once: size (:data:`MAX_RULE_FILE_BYTES`), nesting and alias expansion
 (:data:`MAX_YAML_DEPTH`, :data:`MAX_YAML_NODES`, checked on the YAML events before anything is
 built), YAML syntax, the schema (unknown keys, bad durations, unknown
@@ -56,14 +62,16 @@ from ruamel.yaml.scalarstring import (
 
 from healer.errors import RuleError
 from healer.ruleset.device_filter import ALL_DEVICES, DeviceFilter, DeviceMatcherConflict, apply_device_filter
-from healer.ruleset.export import prometheus_rule_file
+from healer.ruleset.export import DIGEST_ANNOTATION, prometheus_rule_file, rule_digest
 from healer.ruleset.output_labels import NodeBlind, node_blind
+from healer.ruleset.prometheus_import import PrometheusView, healer_view, is_prometheus_file
 from healer.ruleset.schema import (
     ACTION_KINDS,
     DEFAULT_NODE_LABELS,
     DrainAction,
     NotifyAction,
     QuarantineAction,
+    RecordingRule,
     Rule,
     RuleFile,
     RuleGroup,
@@ -71,7 +79,7 @@ from healer.ruleset.schema import (
     TaintAction,
     TicketAction,
 )
-from healer.ruleset.yaml_errors import describe_yaml_error
+from healer.ruleset.yaml_errors import describe_yaml_error, key_at, value_at
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,14 @@ MAX_YAML_NODES = 100_000
 
 #: Seconds promtool may take to check the whole set before the check is skipped with a warning.
 PROMTOOL_TIMEOUT_SECONDS = 60.0
+
+#: Why a recording rule is refused where healer evaluates the rules itself (query mode, backtest).
+RECORDING_RULE_REFUSED = (
+    "a recording rule: healer evaluates alerting rules only and records nothing, so no rule here "
+    "would see its series. Use alerts mode (detection.mode: alerts: Prometheus evaluates `healer "
+    "rules export`'s file, recording rules included), keep it in your Prometheus's own rule files, "
+    "or write its expression into the alerting rules that read it"
+)
 
 
 @dataclass(frozen=True)
@@ -173,7 +189,11 @@ class Reload:
 
 
 def load_ruleset(
-    paths: Sequence[Path | str], *, promtool: str | bool = True, device_filter: DeviceFilter = ALL_DEVICES
+    paths: Sequence[Path | str],
+    *,
+    promtool: str | bool = True,
+    device_filter: DeviceFilter = ALL_DEVICES,
+    recording_rules: bool = False,
 ) -> RuleSet:
     """Load and validate rule files and directories into one :class:`RuleSet`.
 
@@ -184,11 +204,15 @@ def load_ruleset(
             logged when it is absent); ``False`` = do not check PromQL; a string = that binary.
         device_filter: the settings' InfiniBand device filter (``settings.infiniband``), written
             into every ``node_infiniband_*`` selector; default every device.
+        recording_rules: accept the recording rules of Prometheus rule files (kept for export;
+            alerts mode). False: each is a problem (:data:`RECORDING_RULE_REFUSED`).
 
     Raises:
         RuleError: with every :class:`RuleProblem` found in the whole set (``.problems``).
     """
-    result = validate_rules(paths, promtool=promtool, device_filter=device_filter)
+    result = validate_rules(
+        paths, promtool=promtool, device_filter=device_filter, recording_rules=recording_rules
+    )
     for warning in result.warnings:
         log.warning("rules: %s", warning)
     if result.ruleset is None:
@@ -202,19 +226,26 @@ def reload_ruleset(
     *,
     promtool: str | bool = True,
     device_filter: DeviceFilter = ALL_DEVICES,
+    recording_rules: bool = False,
 ) -> Reload:
     """Reload for a running controller: a bad file never loses the rules that are running.
 
     Returns the new set, or ``previous`` with the :class:`RuleError` when any file is invalid.
     """
-    result = validate_rules(paths, promtool=promtool, device_filter=device_filter)
+    result = validate_rules(
+        paths, promtool=promtool, device_filter=device_filter, recording_rules=recording_rules
+    )
     if result.ruleset is None:
         return Reload(ruleset=previous, error=RuleError(list(result.problems)), warnings=result.warnings)
     return Reload(ruleset=result.ruleset, error=None, warnings=result.warnings)
 
 
 def validate_rules(
-    paths: Sequence[Path | str], *, promtool: str | bool = True, device_filter: DeviceFilter = ALL_DEVICES
+    paths: Sequence[Path | str],
+    *,
+    promtool: str | bool = True,
+    device_filter: DeviceFilter = ALL_DEVICES,
+    recording_rules: bool = False,
 ) -> Validation:
     """Check rule files and directories; never raises for a problem in them.
 
@@ -226,6 +257,14 @@ def validate_rules(
     files = list(_expand(paths, problems))
     parsed = [_parse_file(f, problems) for f in files]
     parsed_ok = [p for p in parsed if p is not None]
+    for p in parsed_ok:
+        if p.prometheus is not None:
+            if not recording_rules:
+                problems.extend(
+                    RuleProblem(p.path, line, column, where, RECORDING_RULE_REFUSED)
+                    for line, column, where in p.prometheus.records
+                )
+            warnings.extend(_stale_digests(p, p.prometheus))
 
     origins = _check_duplicates(parsed_ok, problems)
     _check_pool_names(parsed_ok, problems)
@@ -254,7 +293,7 @@ def validate_rules(
                 warnings.append(f"{p.path}:{where}: rule {name!r} has no 'summary' annotation")
             blind = _node_blind(rule)
             if isinstance(name, str) and blind is not None:
-                line, col = _key_at(rule, "expr")
+                line, col = key_at(rule, "expr")
                 warnings.append(f"{p.path}:{line + 1}:{col + 1}: rule {name!r}: {blind}")
 
     order = {name: i for i, name in enumerate(files)}
@@ -271,6 +310,21 @@ def validate_rules(
         origins=origins,
         promql_checked=promql_checked,
     )
+
+
+def _stale_digests(parsed: _Parsed, view: PrometheusView) -> Iterator[str]:
+    """A ``healer_rule_digest`` that is not its rule's: the file was edited after it was exported,
+    and alerts mode will refuse the rule until Prometheus loads a new export."""
+    if parsed.model is None:
+        return
+    for group, index, digest, line, column in view.digests:
+        rule = parsed.model.groups[group].rules[index]
+        if digest != rule_digest(rule):
+            yield (
+                f"{parsed.path}:{line}:{column}: rule {rule.name!r}: {DIGEST_ANNOTATION} {digest} is not "
+                f"the rule's ({rule_digest(rule)}): its expr, for or keep_firing_for changed after "
+                "`healer rules export`; alerts mode refuses the rule until Prometheus loads a new export"
+            )
 
 
 def _node_blind(rule: CommentedMap) -> NodeBlind | None:
@@ -296,10 +350,21 @@ def to_prometheus_rules(ruleset: RuleSet) -> dict[str, Any]:
 
 @dataclass
 class _Parsed:
+    """One file: ``tree`` in healer's format (a Prometheus rule file's view, ``prometheus``)."""
+
     path: str
     tree: CommentedMap
     lines: list[str]
     model: RuleFile | None
+    prometheus: PrometheusView | None = None
+
+    def field(self, field_path: str) -> str:
+        """A field path of ``tree`` as the file names it."""
+        return field_path if self.prometheus is None else self.prometheus.field(field_path)
+
+    def problem(self, line: int, column: int, field_path: str, message: str) -> RuleProblem:
+        """A problem at a field path of ``tree``, named as the file has it."""
+        return RuleProblem(self.path, line, column, self.field(field_path), message)
 
 
 def _expand(paths: Sequence[Path | str], problems: list[RuleProblem]) -> Iterator[str]:
@@ -378,12 +443,17 @@ def _parse_file(path: str, problems: list[RuleProblem]) -> _Parsed | None:
             RuleProblem(path, 1, 1, "", f"expected a mapping with 'groups', got {_kind_of(tree)}")
         )
         return None
-    parsed = _Parsed(path=path, tree=tree, lines=text.splitlines(), model=None)
+    view = healer_view(tree) if is_prometheus_file(tree) else None
+    if view is not None:
+        problems.extend(RuleProblem(path, *problem) for problem in view.problems)
+        tree = view.tree
+    parsed = _Parsed(path=path, tree=tree, lines=text.splitlines(), model=None, prometheus=view)
     try:
-        parsed.model = RuleFile.model_validate(_plain(tree))
+        context = {"format": "healer" if view is None else "prometheus"}
+        parsed.model = RuleFile.model_validate(_plain(tree), context=context)
     except ValidationError as exc:
         for err in exc.errors():
-            problems.append(_problem_from_pydantic(path, tree, err))
+            problems.append(_problem_from_pydantic(parsed, err))
     return parsed
 
 
@@ -483,7 +553,7 @@ def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int
         if item == "[key]":  # pydantic's marker for a mapping key (not its value) being wrong
             break
         if isinstance(node, CommentedMap) and item in node:
-            line, col = _key_at(node, item)
+            line, col = key_at(node, item)
             parts.append(str(item))  # a key, even when YAML made it a number
             node = node[item]
         elif isinstance(node, CommentedSeq) and isinstance(item, int) and 0 <= item < len(node):
@@ -498,30 +568,6 @@ def _locate(tree: CommentedMap, loc: Sequence[int | str]) -> tuple[str, int, int
             break
         i += 1
     return _field_path(parts), line, col
-
-
-def _key_at(node: CommentedMap, key: Any) -> tuple[int, int]:
-    """0-based (line, column) of ``key`` in ``node``; a key merged in with ``<<: *anchor`` is
-    found in its anchor; otherwise the mapping's own position."""
-    return _lc_at(node, key, 0)
-
-
-def _value_at(node: CommentedMap, key: Any) -> tuple[int, int]:
-    """0-based (line, column) where ``key``'s value starts (see :func:`_key_at`)."""
-    return _lc_at(node, key, 2)
-
-
-def _lc_at(node: CommentedMap, key: Any, offset: int, depth: int = 0) -> tuple[int, int]:
-    data = node.lc.data or {}
-    if key in data:
-        return int(data[key][offset]), int(data[key][offset + 1])
-    if depth < 8:
-        for entry in getattr(node, "merge", None) or ():
-            # ruamel.yaml < 0.19 holds (position, mapping) pairs, newer ones the mappings.
-            source = entry[1] if isinstance(entry, tuple) else entry
-            if isinstance(source, CommentedMap) and key in source:
-                return _lc_at(source, key, offset, depth + 1)
-    return int(node.lc.line), int(node.lc.col)
 
 
 def _field_path(parts: Iterable[int | str]) -> str:
@@ -539,12 +585,6 @@ _ACTION_MODELS: dict[str, type[BaseModel]] = {
     "notify": NotifyAction,
 }
 
-# Keys people carry over from Prometheus rule files, with what healer wants instead.
-_KEY_HINTS = {
-    "alert": "healer names a rule with 'name:' (Prometheus rule files use 'alert:')",
-    "record": "recording rules are not supported: put the expression in 'expr:'",
-}
-
 
 def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The schema model that owns the mapping at ``loc`` (to list its allowed keys)."""
@@ -555,6 +595,8 @@ def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
         return RuleGroup
     if names == ["groups", "rules"]:
         return Rule
+    if names == ["groups", "records"]:
+        return RecordingRule
     if len(names) == 4 and names[:3] == ["groups", "rules", "actions"]:
         return _ACTION_MODELS.get(names[3])
     return None
@@ -564,12 +606,12 @@ def _allowed_keys(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
-def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProblem:
+def _problem_from_pydantic(parsed: _Parsed, err: Any) -> RuleProblem:
     loc: tuple[int | str, ...] = tuple(err["loc"])
     at_field = (err.get("ctx") or {}).get("at_field")
     if at_field and loc:
         loc = (*loc[:-1], str(at_field))  # a check of one key whose fix is in another
-    field_path, line, col = _locate(tree, loc)
+    field_path, line, col = _locate(parsed.tree, loc)
     kind = err["type"]
     msg = str(err["msg"])
     value = err.get("input")
@@ -581,14 +623,13 @@ def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProbl
         key = str(loc[-1])
         message = f"unknown key {key!r}"
         model = _model_at(loc[:-1])
-        if key in _KEY_HINTS and model is Rule:
-            message += f": {_KEY_HINTS[key]}"
-        elif model is not None:
+        if model is not None:
             allowed = _allowed_keys(model)
             close = difflib.get_close_matches(key, allowed, n=1)
             message += f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(allowed)})"
     elif kind == "missing":
-        message = f"missing required key {loc[-1]!r}"
+        # The key as the file names it (a Prometheus rule's `name` is its `alert`).
+        message = f"missing required key {parsed.field(field_path).rsplit('.', 1)[-1]!r}"
     elif kind == "union_tag_invalid":
         tag = (err.get("ctx") or {}).get("tag", "?")
         message = f"unknown action {tag!r} (allowed: {', '.join(ACTION_KINDS)})"
@@ -611,7 +652,7 @@ def _problem_from_pydantic(path: str, tree: CommentedMap, err: Any) -> RuleProbl
         message = f"{msg} (got {_kind_of(value)})"
     if loc and loc[-1] == "[key]":
         message = f"key must be a string, got {_kind_of(value)} (quote it)"
-    return RuleProblem(path, line + 1, col + 1, field_path, message)
+    return RuleProblem(parsed.path, line + 1, col + 1, parsed.field(field_path), message)
 
 
 # --- whole-set checks -------------------------------------------------------------------------
@@ -644,12 +685,11 @@ def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
         for i, group in _raw_groups(p):
             name = group.get("name")
             if isinstance(name, str):
-                line, col = _key_at(group, "name")
+                line, col = key_at(group, "name")
                 here = RuleOrigin(p.path, line + 1, col + 1)
                 if name in groups:
                     problems.append(
-                        RuleProblem(
-                            p.path,
+                        p.problem(
                             here.line,
                             here.column,
                             f"groups[{i}].name",
@@ -665,12 +705,11 @@ def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
                 if not isinstance(rule, CommentedMap) or not isinstance(rule.get("name"), str):
                     continue
                 name = rule["name"]
-                line, col = _key_at(rule, "name")
+                line, col = key_at(rule, "name")
                 here = RuleOrigin(p.path, line + 1, col + 1)
                 if name in rules:
                     problems.append(
-                        RuleProblem(
-                            p.path,
+                        p.problem(
                             here.line,
                             here.column,
                             f"groups[{i}].rules[{j}].name",
@@ -709,12 +748,11 @@ def _check_pool_names(parsed: Sequence[_Parsed], problems: list[RuleProblem]) ->
                 if name is None:
                     continue  # a group's pool without a name: each rule's pool is named after it
                 selector = {str(k): str(v) for k, v in pool["node_selector"].items()}
-                line, col = _key_at(pool, "name" if "name" in pool else "node_selector")
+                line, col = key_at(pool, "name" if "name" in pool else "node_selector")
                 here = RuleOrigin(p.path, line + 1, col + 1)
                 if name in seen and seen[name][0] != selector:
                     problems.append(
-                        RuleProblem(
-                            p.path,
+                        p.problem(
                             here.line,
                             here.column,
                             f"{field_path}.name",
@@ -752,7 +790,7 @@ def _apply_device_filter(
                 problems.append(RuleProblem(parsed.path, line + 1, col + 1, f"{field_path}.expr", str(exc)))
                 continue
             except ValueError as exc:
-                line, col = _key_at(rule, "expr")
+                line, col = key_at(rule, "expr")
                 message = f"the InfiniBand device filter could not be written into this expression: {exc}"
                 unfiltered.append(RuleProblem(parsed.path, line + 1, col + 1, f"{field_path}.expr", message))
                 continue
@@ -774,7 +812,7 @@ def _position_of_offset(ref: _ExprRef, expr: str, offset: int) -> tuple[int, int
     expr_line = before.count("\n") + 1
     expr_col = offset - (before.rfind("\n") + 1) + 1
     inner = _position_in_expr(ref, expr_line, expr_col)
-    return inner if inner is not None else _key_at(ref.rule, "expr")
+    return inner if inner is not None else key_at(ref.rule, "expr")
 
 
 def _promtool_binary(promtool: str | bool) -> str | None:
@@ -803,34 +841,28 @@ def _check_promql(
 ) -> bool:
     """Let Prometheus parse every expression and template (``promtool check rules``).
 
-    Each rule becomes one alerting rule in its own group ``r<k>`` of a temporary file, so that
-    promtool's ``group "r<k>"`` names the rule back; its positions inside the expression are
-    mapped to the rule file. Rules whose other fields are broken are still checked, so one pass
-    reports everything. Returns whether the check ran.
+    Each rule becomes one alerting rule (a recording rule: one recording rule) in its own group
+    ``r<k>`` of a temporary file, so that promtool's ``group "r<k>"`` names the rule back; its
+    positions inside the expression are mapped to the rule file. Rules whose other fields are
+    broken are still checked, so one pass reports everything. Returns whether the check ran.
     """
     refs: list[_ExprRef] = []
     groups: list[dict[str, Any]] = []
     for p in parsed:
         for i, group in _raw_groups(p):
-            raw_rules = group.get("rules")
-            if not isinstance(raw_rules, CommentedSeq):
-                continue
-            for j, rule in enumerate(raw_rules):
-                if not isinstance(rule, CommentedMap):
+            for section in ("records", "rules"):
+                raw_rules = group.get(section)
+                if not isinstance(raw_rules, CommentedSeq):
                     continue
-                expr = rule.get("expr")
-                if not isinstance(expr, str) or not expr.strip():
-                    continue
-                item: dict[str, Any] = {"alert": "healer_rule", "expr": str(expr)}
-                for key in ("labels", "annotations"):
-                    value = rule.get(key)
-                    # Only well-typed mappings: the schema already reports the others.
-                    if isinstance(value, dict) and all(
-                        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-                    ):
-                        item[key] = {str(k): str(v) for k, v in value.items()}
-                groups.append({"name": f"r{len(refs)}", "rules": [item]})
-                refs.append(_ExprRef(p, rule, f"groups[{i}].rules[{j}]"))
+                for j, rule in enumerate(raw_rules):
+                    if not isinstance(rule, CommentedMap):
+                        continue
+                    expr = rule.get("expr")
+                    if not isinstance(expr, str) or not expr.strip():
+                        continue
+                    item = _promtool_rule(rule, str(expr), recording=section == "records")
+                    groups.append({"name": f"r{len(refs)}", "rules": [item]})
+                    refs.append(_ExprRef(p, rule, f"groups[{i}].{section}[{j}]"))
     if not refs:
         return True
     with tempfile.TemporaryDirectory(prefix="healer-promtool-") as tmp:
@@ -869,6 +901,20 @@ def _check_promql(
     return True
 
 
+def _promtool_rule(rule: CommentedMap, expr: str, *, recording: bool) -> dict[str, Any]:
+    """The rule as promtool checks it: its expression, labels and annotations (templates)."""
+    item: dict[str, Any] = {"record": "healer_record"} if recording else {"alert": "healer_rule"}
+    item["expr"] = expr
+    for key in ("labels",) if recording else ("labels", "annotations"):
+        value = rule.get(key)
+        # Only well-typed mappings: the schema already reports the others.
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            item[key] = {str(k): str(v) for k, v in value.items()}
+    return item
+
+
 #: Prometheus's parser names tokens as ``<op:>>``, ``<aggr:sum>``, ``<by>`` (``Item.String`` in
 #: promql/parser/lex.go); :func:`readable_promql_error` spells them out.
 _PROMQL_TOKEN = re.compile(r"<(?:(?P<kind>op|aggr):)?(?P<val>[^\s<>]+?|[<>=!~]+?)>(?=$|[\s,;:)])")
@@ -887,23 +933,23 @@ def readable_promql_error(message: str) -> str:
 
 def _promtool_problem(ref: _ExprRef, message: str) -> RuleProblem:
     message = readable_promql_error(message)
-    rule, path = ref.rule, ref.parsed.path
+    rule = ref.rule
     template = _TEMPLATE_FIELD.match(message)
     if template:
         section = "annotations" if template["what"] == "annotation" else "labels"
         key = template["key"]
         mapping = rule.get(section)
         if isinstance(mapping, CommentedMap) and key in mapping:
-            line, col = _key_at(mapping, key)
+            line, col = key_at(mapping, key)
         else:
-            line, col = _key_at(rule, section)
+            line, col = key_at(rule, section)
         rest = _GO_TEMPLATE.sub("", template["rest"])
-        return RuleProblem(path, line + 1, col + 1, f"{ref.field}.{section}.{key}", f"template: {rest}")
+        return ref.parsed.problem(line + 1, col + 1, f"{ref.field}.{section}.{key}", f"template: {rest}")
     if message.startswith("invalid label name"):
-        line, col = _key_at(rule, "labels") if "labels" in rule else _key_at(rule, "expr")
-        return RuleProblem(path, line + 1, col + 1, f"{ref.field}.labels", message)
+        line, col = key_at(rule, "labels") if "labels" in rule else key_at(rule, "expr")
+        return ref.parsed.problem(line + 1, col + 1, f"{ref.field}.labels", message)
     position = _PARSE_POSITION.match(message)
-    line, col = _key_at(rule, "expr")
+    line, col = key_at(rule, "expr")
     if position:
         inner = _position_in_expr(ref, int(position["line"]), int(position["col"]))
         message = f"PromQL {position['rest']}"
@@ -913,7 +959,7 @@ def _promtool_problem(ref: _ExprRef, message: str) -> RuleProblem:
             message += f" (at {position['line']}:{position['col']} of the expression)"
     else:
         message = f"PromQL: {message}"
-    return RuleProblem(path, line + 1, col + 1, f"{ref.field}.expr", message)
+    return ref.parsed.problem(line + 1, col + 1, f"{ref.field}.expr", message)
 
 
 def _position_in_expr(ref: _ExprRef, expr_line: int, expr_col: int) -> tuple[int, int] | None:
@@ -923,7 +969,7 @@ def _position_in_expr(ref: _ExprRef, expr_line: int, expr_col: int) -> tuple[int
     or multi-line plain scalars, whose text no longer matches the file line for line.
     """
     value = ref.rule["expr"]
-    value_line, value_col = _value_at(ref.rule, "expr")
+    value_line, value_col = value_at(ref.rule, "expr")
     text_lines = str(value).rstrip("\n").split("\n")
     if expr_line > len(text_lines):  # "unclosed (" is reported just past the end of the text
         expr_line, expr_col = len(text_lines), len(text_lines[-1]) + 1

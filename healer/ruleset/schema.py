@@ -27,6 +27,10 @@ whole group, may name its pool by Kubernetes node labels instead::
     pool:
       name: h100                                  # optional; default the rule's name
       node_selector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
+
+A Prometheus rule file (``alert:`` and ``record:`` rules, healer's keys as annotations) loads as
+the same models (:mod:`healer.ruleset.prometheus_format`); its recording rules are kept in
+:attr:`RuleGroup.records`, for Prometheus to evaluate (alerts mode), never by healer.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from healer.ruleset.durations import format_duration, parse_duration
 DEFAULT_NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "nodename")
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+#: A Prometheus metric name (data model), as a recording rule's ``record`` must be.
+_METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 #: A Kubernetes label value (apimachinery ``IsValidLabelValue``): at most 63 characters,
 #: alphanumerics and ``-_.``, starting and ending alphanumeric. Taint values are label values.
 _K8S_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
@@ -246,6 +252,22 @@ Action = Annotated[
 ]
 ACTION_KINDS = ("quarantine", "taint", "drain", "ticket", "notify")
 
+#: Options of actions and ladder steps held as seconds, written as Prometheus durations.
+_DURATION_OPTIONS = frozenset({"timeout", "checkpoint"})
+
+
+def step_options(step: BaseModel, *, everything: bool) -> dict[str, Any]:
+    """An action's or ladder step's options (not its ``kind``), durations as Prometheus strings
+    (``{timeout: 1h}``): all of them, or those that differ from their defaults plus ``timeout``
+    (a deadline is worth reading even when it is the default)."""
+    out: dict[str, Any] = {}
+    for name, field in type(step).model_fields.items():
+        value = getattr(step, name)
+        if name == "kind" or (not everything and value == field.default and name != "timeout"):
+            continue
+        out[name] = format_duration(value) if name in _DURATION_OPTIONS else value
+    return out
+
 
 def _normalise_action(value: Any) -> Any:
     """``quarantine`` → ``{kind: quarantine}``; ``{drain: {timeout: 1h}}`` → ``{kind: drain, ...}``."""
@@ -344,9 +366,7 @@ class Rule(_Strict):
     @field_validator("expr")
     @classmethod
     def _expr_not_empty(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("expr must not be empty")
-        return value.strip()
+        return _expr(value)
 
     @field_validator("node_labels")
     @classmethod
@@ -412,13 +432,64 @@ class Rule(_Strict):
         return self.annotations.get("summary", "")
 
 
+def _expr(value: str) -> str:
+    if not value.strip():
+        raise ValueError("expr must not be empty")
+    return value.strip()
+
+
+class RecordingRule(_Strict):
+    """A Prometheus recording rule (``record:``) of a Prometheus rule file.
+
+    healer evaluates none: the rule is kept so that ``healer rules export`` writes it back for
+    Prometheus to evaluate (alerts mode), where the alerting rules that read ``record`` find it.
+    Query mode refuses a rule set holding one (:func:`healer.ruleset.loading.validate_rules`).
+    """
+
+    record: str = Field(..., pattern=_METRIC_NAME, description="The metric name of the recorded series.")
+    expr: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("expr")
+    @classmethod
+    def _expr_not_empty(cls, value: str) -> str:
+        return _expr(value)
+
+
 class RuleGroup(_Strict):
-    """Rules evaluated together at one interval; ``pool`` is every rule's pool unless it names its own."""
+    """Rules evaluated together at one interval; ``pool`` is every rule's pool unless it names its own.
+
+    ``records``: the group's recording rules, from a Prometheus rule file only (see
+    :class:`RecordingRule`); a group holds at least one rule of either kind.
+    """
 
     name: str = Field(..., min_length=1)
     interval: Seconds | None = Field(None, gt=0, description="Seconds; unset = the scheduler's default.")
     pool: PoolSpec | None = None
-    rules: list[Rule] = Field(..., min_length=1)
+    records: list[RecordingRule] = Field(default_factory=list)
+    rules: list[Rule]
+
+    @field_validator("records")
+    @classmethod
+    def _records_only_from_prometheus_files(
+        cls, value: list[RecordingRule], info: ValidationInfo
+    ) -> list[RecordingRule]:
+        # The loader validates healer's own format with this context: recording rules have no
+        # place there (Prometheus rule files carry them, see the module docstring).
+        if value and (info.context or {}).get("format") == "healer":
+            raise ValueError(
+                "unknown key 'records': recording rules come from Prometheus rule files (record:); "
+                "a healer rule puts its whole expression in 'expr:'"
+            )
+        return value
+
+    @field_validator("rules")
+    @classmethod
+    def _some_rule(cls, value: list[Rule], info: ValidationInfo) -> list[Rule]:
+        # `records` failed its own validation when absent from info.data: not reported twice.
+        if not value and "records" in info.data and not info.data["records"]:
+            raise ValueError("must not be empty")
+        return value
 
 
 class RuleFile(_Strict):
@@ -436,6 +507,11 @@ class RuleSet(_Strict):
     @property
     def rules(self) -> list[Rule]:
         return [r for g in self.groups for r in g.rules]
+
+    @property
+    def records(self) -> list[RecordingRule]:
+        """Every recording rule (Prometheus rule files only; evaluated by Prometheus, not healer)."""
+        return [r for g in self.groups for r in g.records]
 
     def rule(self, name: str) -> Rule:
         for r in self.rules:

@@ -8,7 +8,8 @@ https://prometheus.io/docs/prometheus/latest/configuration/configuration/#metric
 (``<relabel_config>``); VictoriaMetrics' ``-promscrape.config`` reads the same section.
 
 :func:`kept_metrics` lists the names: every metric the rules select
-(:func:`healer.ruleset.inputs.metric_names`, each alternative of ``{__name__=~"A|B"}`` included),
+(:func:`healer.ruleset.inputs.metric_names`, each alternative of ``{__name__=~"A|B"}`` included;
+the recording rules' inputs too, and not the series they record),
 which covers what healer itself reads besides the rules (the exporter check and rule coverage query
 the rules' metrics; the dashboard charts the rules' expressions, and GPU temperature and tensor
 activity, both read by the default pack), plus :data:`ALWAYS_KEPT`. A rule whose selector names no
@@ -51,14 +52,17 @@ def kept_metrics(ruleset: RuleSet, also: Iterable[str] = ()) -> list[str]:
     Raises :class:`UnlistedMetrics` when a rule selects by a pattern; ValueError for a name in
     ``also`` that is not a metric name.
     """
-    unlisted = [r.name for r in ruleset.rules if unlisted_selectors(r.expr)]
+    exprs = {r.name: r.expr for r in ruleset.rules} | {r.record: r.expr for r in ruleset.records}
+    unlisted = [name for name, expr in exprs.items() if unlisted_selectors(expr)]
     if unlisted:
         raise UnlistedMetrics(unlisted)
     extra = list(also)
     bad = [n for n in extra if not _METRIC_NAME.fullmatch(n)]
     if bad:
         raise ValueError(f"not metric names: {', '.join(bad)}")
-    return sorted(metric_names([r.expr for r in ruleset.rules]) | set(ALWAYS_KEPT) | set(extra))
+    # A recorded series is Prometheus's own, never scraped: its name has no place in the list.
+    read = metric_names(list(exprs.values())) - {r.record for r in ruleset.records}
+    return sorted(read | set(ALWAYS_KEPT) | set(extra))
 
 
 def metric_relabel_configs(names: Iterable[str]) -> list[dict[str, Any]]:

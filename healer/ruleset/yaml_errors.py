@@ -1,15 +1,18 @@
-"""A YAML error as a user reads it: 1-based line and column, and a short message.
+"""A YAML error as a user reads it: 1-based line and column, and a short message; where a key is.
 
 ruamel's own text names ``<unicode string>`` and, for a duplicate key, repeats both values whole
 (a rule file's ``rules`` list twice on one line); :func:`describe_yaml_error` says
-``duplicate key 'rules' (first at line 3)`` at the second key instead.
+``duplicate key 'rules' (first at line 3)`` at the second key instead. :func:`key_at` and
+:func:`value_at` find a key of a round-trip mapping (merged keys included) in its file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.nodes import MappingNode, Node, SequenceNode
@@ -62,3 +65,27 @@ def _mappings(node: Node | None) -> Iterator[MappingNode]:
     elif isinstance(node, SequenceNode):
         for item in node.value:
             yield from _mappings(item)
+
+
+def key_at(node: CommentedMap, key: Any) -> tuple[int, int]:
+    """0-based (line, column) of ``key`` in ``node``; a key merged in with ``<<: *anchor`` is
+    found in its anchor; otherwise the mapping's own position."""
+    return _lc_at(node, key, 0)
+
+
+def value_at(node: CommentedMap, key: Any) -> tuple[int, int]:
+    """0-based (line, column) where ``key``'s value starts (see :func:`key_at`)."""
+    return _lc_at(node, key, 2)
+
+
+def _lc_at(node: CommentedMap, key: Any, offset: int, depth: int = 0) -> tuple[int, int]:
+    data = node.lc.data or {}
+    if key in data:
+        return int(data[key][offset]), int(data[key][offset + 1])
+    if depth < 8:
+        for entry in getattr(node, "merge", None) or ():
+            # ruamel.yaml < 0.19 holds (position, mapping) pairs, newer ones the mappings.
+            source = entry[1] if isinstance(entry, tuple) else entry
+            if isinstance(source, CommentedMap) and key in source:
+                return _lc_at(source, key, offset, depth + 1)
+    return int(node.lc.line), int(node.lc.col)

@@ -35,6 +35,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import YAMLError
 
+from healer.ruleset.prometheus_import import is_prometheus_rule
 from healer.sources.local_server import find_binary
 
 #: promtool's own test keys; healer's engine never reads them.
@@ -100,7 +101,7 @@ def rule_file_kind(path: Path) -> str | None:
     for group in (doc or {}).get("groups") or [] if isinstance(doc, dict) else []:
         for rule in (group or {}).get("rules") or [] if isinstance(group, dict) else []:
             if isinstance(rule, dict):
-                if "alert" in rule or "record" in rule:
+                if is_prometheus_rule(rule):
                     kinds.add("prometheus")
                 elif "name" in rule:
                     kinds.add("healer")

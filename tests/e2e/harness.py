@@ -60,6 +60,12 @@ groups:
 """
 
 
+def condition(view: Mapping[str, Any]) -> str | None:
+    """The status of healer's ``GpuHealthy`` condition on a Node as JSON (None: not set)."""
+    found = [c for c in view.get("status", {}).get("conditions", []) if c["type"] == "GpuHealthy"]
+    return found[0]["status"] if found else None
+
+
 def deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``extra`` merged in, nested mappings key by key."""
     out = dict(base)

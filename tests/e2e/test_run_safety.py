@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -20,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store import migrate
 from healer.store.models import Action, Node, Transition
-from tests.e2e.harness import World, hot_gpu_rules
+from tests.e2e.harness import World, condition, hot_gpu_rules
 from tests.kube_proxy import api_proxy
 from tests.services import wait_until
 
@@ -36,11 +35,6 @@ def rules_yaml(actions: str) -> str:
 def state(sessions: sessionmaker[Session], node: str) -> str | None:
     with sessions() as s:
         return s.scalar(select(Node.state).where(Node.name == node))
-
-
-def condition(view: dict[str, Any]) -> str | None:
-    found = [c for c in view.get("status", {}).get("conditions", []) if c["type"] == "GpuHealthy"]
-    return found[0]["status"] if found else None
 
 
 def hot(node: str) -> str:

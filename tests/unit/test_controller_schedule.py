@@ -45,6 +45,11 @@ def test_tick_is_the_shortest_interval() -> None:
     assert tick_seconds(GROUPS, 30) == 10
     assert tick_seconds([DEFAULT], 30) == 30
     assert tick_seconds([], 30) == 30
+    # A group of recording rules only (a Prometheus rule file, alerts mode) is Prometheus's to run.
+    records = RuleGroup.model_validate(
+        {"name": "rec", "interval": 1, "records": [{"record": "a:b", "expr": "up"}], "rules": []}
+    )
+    assert tick_seconds([*GROUPS, records], 30) == 10
 
 
 # --- the tick's evaluation time is its scheduled time ---------------------------------------------

@@ -255,7 +255,7 @@ MISTAKES = [
         (6, 9, "groups[0].rules[0].sevrity", "unknown key 'sevrity' (did you mean 'severity'?)"),
     ),
     (
-        "prometheus alert key",
+        "healer's name in a Prometheus rule (alert: makes it one)",
         """\
         groups:
           - name: gpu
@@ -264,7 +264,7 @@ MISTAKES = [
                 alert: A
                 expr: up
         """,
-        (5, 9, "groups[0].rules[0].alert", "healer names a rule with 'name:'"),
+        (4, 9, "groups[0].rules[0].name", "a Prometheus rule file names an alerting rule with 'alert:'"),
     ),
     (
         "unknown group key",
