@@ -22,8 +22,11 @@ if ! command -v prometheus-node-exporter >/dev/null 2>&1 && ! command -v node_ex
 fi
 
 if [ ! -x .venv/bin/healer ]; then
-  echo "healer demo: creating .venv and installing healer ..."
+  echo "healer demo: creating .venv and installing healer and its libraries" \
+    "(a few minutes on a fresh machine; pip prints nothing until it is done) ..."
+  start=$SECONDS
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -e .
+  echo "healer demo: installed in $((SECONDS - start)) s"
 fi
 exec .venv/bin/healer demo "$@"

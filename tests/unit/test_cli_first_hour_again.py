@@ -53,10 +53,15 @@ def test_evaluate_outside_the_repository_says_where_it_looked(tmp_path: Path) ->
     assert f"looked for {tmp_path / 'rules'}" in done.stderr and "HEALER_RULES_PATHS" in done.stderr
 
 
-def test_rules_test_with_no_test_files_fails_naming_the_path(tmp_path: Path) -> None:
-    done = run_healer("rules", "test", str(tmp_path / "rules" / "tests"), env=env(tmp_path))
+def test_rules_test_fails_naming_the_path_when_nothing_would_run(tmp_path: Path) -> None:
+    empty = tmp_path / "rules" / "tests"
+    empty.mkdir(parents=True)
+    done = run_healer("rules", "test", str(empty), env=env(tmp_path))
     assert done.returncode == 1
-    assert "no rule test files at" in done.stderr and str(tmp_path / "rules" / "tests") in done.stderr
+    assert f"no rule test files (*.yaml, *.yml) in {empty}" in done.stderr
+    missing = run_healer("rules", "test", str(tmp_path / "nowhere"), env=env(tmp_path))
+    assert missing.returncode == 1
+    assert f"{tmp_path / 'nowhere'}: cannot read: No such file or directory" in missing.stderr
 
 
 def test_serve_on_port_0_listens_on_a_free_port_and_says_which(tmp_path: Path) -> None:
