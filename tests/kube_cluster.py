@@ -340,7 +340,16 @@ class ControlPlane:
             if ref.get("resource") != "nodes" or ref.get("subresource") or not (done and ok):
                 continue
             body = entry.get("requestObject") or {}
-            if (body.get("spec") or {}).get("unschedulable") is True and ref.get("name") not in found:
+            if isinstance(body, list):  # a JSON patch (RFC 6902): its operations
+                cordoned = any(
+                    isinstance(op, dict)
+                    and op.get("path") == "/spec/unschedulable"
+                    and op.get("value") is True
+                    for op in body
+                )
+            else:
+                cordoned = (body.get("spec") or {}).get("unschedulable") is True
+            if cordoned and ref.get("name") not in found:
                 found[ref["name"]] = dt.datetime.fromisoformat(entry["stageTimestamp"]).timestamp()
         return found
 
