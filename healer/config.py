@@ -302,7 +302,8 @@ class SafetySettings(_Group):
         gt=0,
         description=(
             "How often the rules' node pools (the nodes exporting each rule's input metrics) are "
-            "observed from Prometheus, seconds; one query per node-label chain."
+            "observed from Prometheus, seconds; one query per node-label chain. The rules' blind "
+            "spots are observed as often, by a job of their own."
         ),
     )
     maintenance_windows: list[MaintenanceWindow] = Field(default_factory=list)

@@ -420,15 +420,21 @@ class Controller:
             keep = {r: nodes for r, nodes in self._coverage.items() if self._coverage_rules is ruleset}
             self._coverage = {**keep, **observed}
             self._coverage_at, self._coverage_rules = now, ruleset
-            self._observe_blind_spots(ruleset, now, book)
         return self._coverage
 
-    def _observe_blind_spots(self, ruleset: RuleSet, now: datetime, book: AddressBook | None) -> None:
-        """Observe every rule's blind spots (:mod:`healer.blind_spots`) with the coverage, and
-        store them in the ``blind_spots`` switch for the dashboard, the API and ``/metrics``; log
-        one line when the number of blind places changes."""
-        assert isinstance(self.source, MetricsSource)
-        gpu_nodes = None
+    def blind_spots(self) -> None:
+        """Observe every rule's blind spots (:mod:`healer.blind_spots`) and store them in the
+        ``blind_spots`` switch for the dashboard, the API and ``/metrics``; log one line when their
+        number changes. Its own job, every ``safety.coverage_refresh_seconds``, leader only: its
+        queries never hold a tick (nor the tick's lock: it writes only its switch)."""
+        if not self.is_leader() or not isinstance(self.source, MetricsSource):
+            return  # alerts mode's source also queries; a standby records nothing
+        now, ruleset = self.clock(), self.rules.ruleset
+        book = gpu_nodes = None
+        try:
+            book = self.addresses() if self.addresses is not None else None
+        except HealerError as exc:
+            log.warning("blind spots: cluster addresses unread (labels taken as they are): %s", exc)
         try:
             gpu_nodes = self.gpu_nodes() if self.gpu_nodes is not None else None
         except HealerError as exc:
@@ -557,6 +563,7 @@ class Controller:
             (self.outbox, s.scheduler.outbox_interval_seconds),
             (self.reload_rules, 2.0),
             (self.retention, 3600.0),
+            (self.blind_spots, s.safety.coverage_refresh_seconds),
         ]
         if self.quota_sync is not None:
             jobs.append((self.kueue, s.kueue.interval_seconds))

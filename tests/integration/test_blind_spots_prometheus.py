@@ -18,9 +18,6 @@ The fleet:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +31,7 @@ from healer.ruleset.device_filter import DeviceFilter
 from healer.ruleset.loading import load_ruleset
 from healer.sources.prometheus import PrometheusSource
 from healer_dev.prometheus import wait_until
+from tests.integration.test_exporter_inputs_prometheus import doctor
 from tests.node_exporter import node_exporter
 from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, text_exporter
 
@@ -109,19 +107,6 @@ def observe(prom: PrometheusServer) -> BlindReport:
     )
     return observe_blind_spots(
         ruleset=PACK, source=PrometheusSource(prom.url), now=datetime.now(UTC), book=book
-    )
-
-
-def doctor(prom: PrometheusServer, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HEALER_RULES_PATHS": json.dumps([str(REPO / "rules")])}
-    return subprocess.run(
-        [sys.executable, "-m", "healer", "doctor", "exporters", "--prometheus", prom.url, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
     )
 
 
