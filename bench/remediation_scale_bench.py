@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.node_watch import NodeWatch
+from healer.actions.pod_watch import BudgetWatch, PodWatch
 from healer.config import KubernetesSettings, SafetySettings, Settings
 from healer.controller import ownership, remediate
 from healer.model.findings import TickFindings
@@ -243,15 +244,28 @@ class Fleet:
         # ``watched`` (--kube): the whole tick, as the scheduler runs it: the cluster's nodes from
         # the watched store (healer.actions.node_watch), their pools, the ownership reconcile,
         # then the pass; the store is synced before the first pass.
+        # The pods and PodDisruptionBudgets a drain reads are watched too, as `healer run` does
+        # (their stores count in the controller's RSS).
         self.watch = NodeWatch(self.api, timeout=30) if watched else None
+        self.pods = PodWatch(self.api, timeout=30) if watched else None
+        self.budgets = BudgetWatch(self.api, timeout=30) if watched else None
         self.actions = KubernetesNodeActions(
-            self.api, k8s, identity="bench", clock=lambda: T0, node_watch=self.watch
+            self.api,
+            k8s,
+            identity="bench",
+            clock=lambda: T0,
+            node_watch=self.watch,
+            pod_watch=self.pods,
+            budget_watch=self.budgets,
         )
         self.fleet = {name(i): "default" for i in range(nodes)}
-        if self.watch is not None:
-            self.watch.start()
+        if self.watch is not None and self.pods is not None and self.budgets is not None:
+            for store in (self.watch, self.pods, self.budgets):
+                store.start()
             deadline = time.monotonic() + 600
-            while self.watch.nodes() is None and time.monotonic() < deadline:
+            while (
+                self.watch.nodes() is None or self.pods.items() is None or self.budgets.items() is None
+            ) and time.monotonic() < deadline:
                 time.sleep(0.2)
         self.statements = 0
         event.listen(self.engine, "before_cursor_execute", self._count)
@@ -305,8 +319,9 @@ class Fleet:
         return quiet, self.tick(T0 + timedelta(seconds=30), burst)
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
+        for store in (self.watch, self.pods, self.budgets):
+            if store is not None:
+                store.stop()
         self.api.close()
         self.engine.dispose()
 

@@ -51,9 +51,15 @@ DEMO_SCENARIO = Path(__file__).parent / "simulator" / "scenarios" / "demo.yaml"
 DEMO_RULES = Path(__file__).resolve().parents[1] / "rules"
 
 
+#: A team's own Prometheus alerting-rule file the demo loads beside the pack (rule input in
+#: Prometheus's format: its ``healer_actions`` annotation quarantines the scenario's PCIe node).
+DEMO_ALERTS = Path(__file__).parent / "demo_alerts"
+
+
 def demo_rules_paths() -> list[Path]:
-    """The rule files the demo runs: the source tree's pack, else the ``rules_paths`` default."""
-    return [DEMO_RULES] if DEMO_RULES.is_dir() else [Path("rules")]
+    """The rule files the demo runs: the source tree's pack (else the ``rules_paths`` default) and
+    the team's alert file of :data:`DEMO_ALERTS`."""
+    return [DEMO_RULES if DEMO_RULES.is_dir() else Path("rules"), DEMO_ALERTS]
 
 
 _RANGE = re.compile(r"\[(\d+)([mh])\]")

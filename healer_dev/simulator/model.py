@@ -43,6 +43,7 @@ from healer_dev.simulator.scenario import (
     Mig,
     Nvlink5Errors,
     NvlinkErrors,
+    PcieReplays,
     RowRemapFailure,
     RowRemapPending,
     SilentThrottle,
@@ -378,6 +379,8 @@ class NodeModel:
                 for name, metric in _NV5_FIELDS.items():
                     counters[metric][f.gpu] += int(getattr(f, name) * frac)
                 counters[_NV5_RECOVERY][f.gpu] += int((f.link_recovery + f.link_recovery_failed) * frac)
+            elif isinstance(f, PcieReplays):
+                counters[_PCIE][f.gpu] += int(f.count * _ramp(t - f.at, f.duration))
             elif isinstance(f, RowRemapFailure):
                 counters[_UNCORR][f.gpu] += f.uncorrectable_rows
             elif isinstance(f, RowRemapPending):

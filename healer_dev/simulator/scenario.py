@@ -205,6 +205,16 @@ class Nvlink5Errors(_GpuFault):
     duration: Seconds = Field(30.0, gt=0, description="Length of the burst, seconds.")
 
 
+class PcieReplays(_GpuFault):
+    """The GPU's PCIe replay counter (``DCGM_FI_DEV_PCIE_REPLAY_COUNTER``) grows by ``count`` over
+    ``duration``: a marginal riser or slot retrying transfers. The default rule pack reads no PCIe
+    counter; the demo catches this with a team's own Prometheus alert file."""
+
+    fault: Literal["pcie_replays"]
+    count: int = Field(2000, ge=0, description="Added to DCGM_FI_DEV_PCIE_REPLAY_COUNTER.")
+    duration: Seconds = Field(30.0, gt=0, description="Length of the burst, seconds.")
+
+
 class IbLinkFlap(_HcaFault):
     """The port goes down ``flaps`` times, ``interval`` apart: each time ``link_downed_total`` += 1,
     ``symbol_error_total`` += ``symbol_errors``, and for ``down_for`` the port reads state 1 (Down),
@@ -294,6 +304,7 @@ Fault = Annotated[
     | Mig
     | NvlinkErrors
     | Nvlink5Errors
+    | PcieReplays
     | IbLinkFlap
     | IbSymbolErrors
     | IbPortErrors
@@ -318,6 +329,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "mig",
     "nvlink_errors",
     "nvlink5_errors",
+    "pcie_replays",
     "ib_link_flap",
     "ib_symbol_errors",
     "ib_port_errors",

@@ -30,6 +30,7 @@ FAULTY = {
     "gpu-node-23": "NVLink error burst",
     "gpu-node-31": "InfiniBand link flap",
     "gpu-node-40": "silent throttling",
+    "gpu-node-45": "PCIe replays (the team's Prometheus alert file, healer_dev/demo_alerts/)",
 }
 #: Noise the scenario injects that must never take a node out: Xid 45 alone, an exporter restart.
 NOISE = ("gpu-node-20", "gpu-node-50")
@@ -83,6 +84,10 @@ def test_demo_quarantines_drains_tickets_and_returns_the_faulty_nodes(demo: Demo
         detail = _api(demo, f"nodes/{name}")
         assert detail["tickets"], f"{name} ({FAULTY[name]}) has no ticket"
         assert detail["findings"], f"{name} shows no finding"
+    # The PCIe node was taken out by the alert of a Prometheus rule file (its healer_actions
+    # annotation), the only rule that reads that counter.
+    rules = {f["rule"] for f in _api(demo, "nodes/gpu-node-45")["findings"]}
+    assert rules == {"GPUPCIeReplayStorm"}, rules
     # Drained like kubectl drain: the training and inference pods left, DaemonSet and mirror pods stayed.
     drained = _reached(demo, "awaiting_repair")
     assert {"gpu-node-07", "gpu-node-12"} <= drained

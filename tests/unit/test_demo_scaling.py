@@ -139,7 +139,7 @@ def test_the_story_waits_for_every_node_the_scenario_faults(migrated_sqlite_url:
     from healer_dev.simulator.scenario import load_scenario
 
     faulted = load_scenario(DEMO_SCENARIO).faulted_nodes()
-    assert faulted == {"gpu-node-07", "gpu-node-12", "gpu-node-23", "gpu-node-31", "gpu-node-40"}
+    assert faulted == {f"gpu-node-{n}" for n in ("07", "12", "23", "31", "40", "45")}
     sessions = make_sessionmaker(make_engine(migrated_sqlite_url))
     now = datetime(2026, 12, 1, tzinfo=UTC)
     settings = load_settings()
@@ -150,9 +150,9 @@ def test_the_story_waits_for_every_node_the_scenario_faults(migrated_sqlite_url:
             for state in back:
                 transition(s, node, state, now=now, actor="healer", reason=f"to {state}")
     summary = summarize(settings, sessions, "", faulted=faulted)
-    assert summary.unfinished() == "1 faulted node(s) not taken out and returned yet: gpu-node-40"
+    assert summary.unfinished() == "1 faulted node(s) not taken out and returned yet: gpu-node-45"
     with transaction(sessions) as s:
-        node = get_or_create_node(s, "gpu-node-40", now=now)
+        node = get_or_create_node(s, "gpu-node-45", now=now)
         for state in back:
             transition(s, node, state, now=now, actor="healer", reason=f"to {state}")
     assert summarize(settings, sessions, "", faulted=faulted).unfinished() is None
@@ -166,4 +166,4 @@ def test_the_demo_reads_the_rule_pack_from_any_directory(
 
     monkeypatch.chdir(tmp_path)  # no rules/ here
     ruleset = load_ruleset(demo_rules_paths())
-    assert {"GpuTooHot", "GpuFatalXid"} <= {r.name for r in ruleset.rules}
+    assert {"GpuTooHot", "GpuFatalXid", "GPUPCIeReplayStorm"} <= {r.name for r in ruleset.rules}
