@@ -37,7 +37,7 @@ API reference and ``kubectl``'s ``pkg/drain``, see ``shared/reference/kubernetes
   values, label keys and values, Pods without containers; 400 for MicroTime fields without six
   fractional digits.
 
-Watch is served for PodDisruptionBudgets only (status changes as MODIFIED events).
+Watch is served for PodDisruptionBudgets (status changes as MODIFIED events), Nodes and Pods.
 Not emulated: other watches, pagination (``limit`` is ignored, everything is returned), server-side apply,
 admission, RBAC, the node lifecycle controller (cordoning does not add the
 ``node.kubernetes.io/unschedulable`` taint), PDB ``unhealthyPodEvictionPolicy``.

@@ -99,9 +99,9 @@ class RestDispatch(PodLifecycle):
 
     def _list(self, res: Resource, ns: str | None, query: dict[str, str]) -> Obj:
         if query.get("watch") in ("true", "1"):
-            if res.kind in ("PodDisruptionBudget", "Node"):
+            if res.kind in ("PodDisruptionBudget", "Node", "Pod"):
                 raise WatchRequested(res, ns, query)
-            raise ApiError(400, "BadRequest", "watch is supported for PodDisruptionBudgets and Nodes only")
+            raise ApiError(400, "BadRequest", "watch is supported for PodDisruptionBudgets, Nodes and Pods only")
         if "fieldSelector" in query:
             check_field_selector(res, query["fieldSelector"])
         stored = sorted(self._store[(res.group_version, res.plural)].items())
