@@ -69,6 +69,9 @@ HEALER_ANNOTATIONS: dict[str, tuple[str, Literal["list", "mapping", "text"]]] = 
     "sticky": ("healer_sticky", "text"),
     "classify": ("healer_classify", "text"),
     "pool": ("healer_pool", "mapping"),
+    # Written only where the rule's labels carry an organisation's own severity (page, P1: a
+    # label like any other), which then is ``labels.severity`` and healer's is this annotation.
+    "severity": ("healer_severity", "text"),
 }
 
 
@@ -89,7 +92,10 @@ def healer_annotations(rule: Rule, pool: PoolSpec | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for field, (name, shape) in HEALER_ANNOTATIONS.items():
         value: Any = pool if field == "pool" else getattr(rule, field)
-        if value == Rule.model_fields[field].get_default(call_default_factory=True):
+        if field == "severity":
+            if "severity" not in rule.labels:
+                continue  # labels.severity says it (alert_labels)
+        elif value == Rule.model_fields[field].get_default(call_default_factory=True):
             continue
         if field in ("actions", "ladder"):
             text = ", ".join(_step_text(step) for step in value)

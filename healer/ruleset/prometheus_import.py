@@ -7,7 +7,10 @@ as any other, and each problem names the key of the Prometheus file it comes fro
 
     alert                               name
     expr, for, keep_firing_for          the same
-    labels.severity                     severity (critical, warning or info; default critical)
+    labels.severity                     severity, when critical, warning or info (default critical);
+                                        another value (page, P1) stays a label, and healer's
+                                        severity is annotations.healer_severity
+    annotations.healer_severity         severity (then labels.severity is a label like any other)
     labels, the others                  labels
     annotations, the others             annotations
     annotations.healer_actions          actions: "quarantine, drain: {timeout: 1h}, ticket"
@@ -50,6 +53,9 @@ from ruamel.yaml.events import (
 from healer.ruleset.export import DIGEST_ANNOTATION, HEALER_ANNOTATIONS, RULE_LABEL
 from healer.ruleset.yaml_errors import describe_yaml_error, key_at, value_at
 
+#: healer's severities; a rule's ``labels.severity`` of another value is an organisation's own.
+SEVERITIES = ("critical", "warning", "info")
+
 #: A problem found while reading: 1-based line and column, the field path, the message.
 Problem = tuple[int, int, str, str]
 
@@ -65,12 +71,13 @@ _UNSUPPORTED = {
 }
 #: healer's own keys written as keys of a Prometheus rule.
 _HINTS = {
-    "name": "a Prometheus rule file names an alerting rule with 'alert:'",
-    "severity": "a Prometheus rule's severity is its label: labels: {severity: critical}",
     **{
         key: f"in a Prometheus rule file healer's {key!r} is the annotation {annotation}"
         for key, (annotation, _) in HEALER_ANNOTATIONS.items()
     },
+    "name": "a Prometheus rule file names an alerting rule with 'alert:'",
+    "severity": "a Prometheus rule's severity is its label (labels: {severity: critical}) or the "
+    "annotation healer_severity",
 }
 _BY_ANNOTATION = {annotation: (key, shape) for key, (annotation, shape) in HEALER_ANNOTATIONS.items()}
 #: A key of healer's rule → where it is in a Prometheus alerting rule.
@@ -259,8 +266,9 @@ class _Reader:
     def labels(self, out: CommentedMap, rule: CommentedMap, where: str) -> None:
         labels = rule["labels"]
         rest = _like(labels)
+        own = "healer_severity" in (rule.get("annotations") or {})
         for key in labels:
-            if key == "severity":
+            if key == "severity" and not own and labels[key] in SEVERITIES:
                 _put(out, "severity", labels[key], labels, key)
             elif key == RULE_LABEL:
                 if labels[key] != rule.get("alert"):

@@ -130,6 +130,52 @@ def test_severity_defaults_as_in_healers_own_format(tmp_path: Path) -> None:
     assert load_ruleset([write(tmp_path, text)]).rule("GPUHighTemperature").severity == "critical"
 
 
+def test_an_organisations_own_severity_stays_a_label_and_round_trips(tmp_path: Path) -> None:
+    """severity: page (or P1) is no healer severity: the alert keeps its label, healer's severity
+    is healer_severity (default critical), and the export writes both back unchanged."""
+    text = """\
+    groups:
+      - name: team
+        rules:
+          - alert: Paged
+            expr: up == 0
+            labels: {severity: page, team: ml}
+          - alert: Ticketed
+            expr: up == 0
+            labels: {severity: P3}
+            annotations: {healer_severity: info}
+          - alert: Warned
+            expr: up == 0
+            labels: {severity: warning}
+            annotations: {healer_severity: critical}
+    """
+    ruleset = load_ruleset([write(tmp_path, text)])
+    paged, ticketed, warned = (ruleset.rule(n) for n in ("Paged", "Ticketed", "Warned"))
+    assert (paged.severity, paged.labels) == ("critical", {"severity": "page", "team": "ml"})
+    assert (ticketed.severity, ticketed.labels) == ("info", {"severity": "P3"})
+    assert (warned.severity, warned.labels) == ("critical", {"severity": "warning"})  # the annotation says
+    back = _through_export(ruleset, tmp_path)
+    for name in ("Paged", "Ticketed", "Warned"):
+        assert (back.rule(name).severity, back.rule(name).labels) == (
+            ruleset.rule(name).severity,
+            ruleset.rule(name).labels,
+        )
+
+
+def test_a_healer_severity_that_is_none_of_healers_is_refused_where_it_is(tmp_path: Path) -> None:
+    text = """\
+    groups:
+      - name: team
+        rules:
+          - alert: Paged
+            expr: up == 0
+            annotations: {healer_severity: pager}
+    """
+    (problem,) = problems_of(write(tmp_path, text))
+    assert (problem.line, problem.field) == (6, "groups[0].rules[0].annotations.healer_severity")
+    assert "must be 'critical', 'warning' or 'info', not 'pager'" in problem.message
+
+
 def test_healer_keys_come_from_their_annotations(tmp_path: Path) -> None:
     text = """\
     groups:
@@ -450,18 +496,6 @@ MISTAKES = [
                   healer_node_labels: "&a node, *a"
         """,
         (7, 31, "groups[0].rules[0].annotations.healer_node_labels", "without anchors or aliases"),
-    ),
-    (
-        "unknown severity label",
-        """\
-        groups:
-          - name: g
-            rules:
-              - alert: Hot
-                expr: up
-                labels: {severity: page}
-        """,
-        (6, 18, "groups[0].rules[0].labels.severity", "must be 'critical', 'warning' or 'info', not 'page'"),
     ),
     (
         "healer_rule label of another rule",
