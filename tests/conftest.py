@@ -14,6 +14,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from kubernetes.client import ApiClient
@@ -36,6 +37,9 @@ from tests.services import (
     shared_victoria_metrics,
     shared_vmalert,
 )
+from tests.virtual_kubelet import BUILD_HINT as VK_BUILD_HINT
+from tests.virtual_kubelet import VirtualKubelet, virtual_kubelet
+from tests.virtual_kubelet import find_binary as find_vk_binary
 
 # A missing service skips (fails in CI), one line each; tests needing a Go-built tool wait for its
 # build when .ci/run starts them while it builds (tests/go_builds.py).
@@ -171,6 +175,14 @@ def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmana
 # --- a real Kubernetes control plane (tests/kube_cluster.py) --------------------------------------
 
 
+def _not_built(what: str, hint: str) -> NoReturn:
+    """Skip the test needing ``what``, saying how to build it; fail with ``HEALER_REQUIRE_KUBE=1``."""
+    message = f"no {what} built: run `{hint}` (needs Go) to run these tests"
+    if os.environ.get("HEALER_REQUIRE_KUBE") == "1":
+        pytest.fail(message + " (HEALER_REQUIRE_KUBE=1)")
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def kube() -> Iterator[ControlPlane]:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK for the session.
@@ -180,10 +192,7 @@ def kube() -> Iterator[ControlPlane]:
     """
     bindir = find_binaries()
     if bindir is None:
-        message = f"no Kubernetes control plane built: run `{BUILD_HINT}` (needs Go) to run these tests"
-        if os.environ.get("HEALER_REQUIRE_KUBE") == "1":
-            pytest.fail(message + " (HEALER_REQUIRE_KUBE=1)")
-        pytest.skip(message)
+        _not_built("Kubernetes control plane", BUILD_HINT)
     with control_plane(bindir) as cp:
         yield cp
 
@@ -214,6 +223,33 @@ def kube_admin(kube: ControlPlane) -> Iterator[ApiClient]:
     """A cluster-admin ``ApiClient`` for test set-up and assertions."""
     with kube.admin_client() as api:
         yield api
+
+
+# --- a virtual-kubelet node on that control plane (tests/virtual_kubelet.py) ---------------------
+
+
+@pytest.fixture(scope="module")
+def vk_node_name() -> str:
+    """The virtual node's name; a test module overrides this fixture to choose its own."""
+    return "virtual-kubelet"
+
+
+@pytest.fixture(scope="module")
+def vk_node_gpus() -> int:
+    """The virtual node's ``nvidia.com/gpu`` capacity; a test module overrides it to choose."""
+    return 16
+
+
+@pytest.fixture(scope="module")
+def vk_node(kube: ControlPlane, vk_node_name: str, vk_node_gpus: int) -> Iterator[VirtualKubelet]:
+    """A virtual-kubelet node (``tests/kube/vk``) registered on the session's control plane for
+    one test module (the other modules' tests see no extra node); stopped, its Node deleted, at
+    the module's end. Skips, or fails with ``HEALER_REQUIRE_KUBE=1``, when it is not built."""
+    binary = find_vk_binary()
+    if binary is None:
+        _not_built("virtual-kubelet", VK_BUILD_HINT)
+    with virtual_kubelet(kube, binary, name=vk_node_name, gpus=vk_node_gpus) as vk:
+        yield vk
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

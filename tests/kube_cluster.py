@@ -162,7 +162,7 @@ def _write_pki(where: Path) -> None:
 # --- the control plane -------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Children get SIGKILL when pytest dies, so no control plane outlives a killed run."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -369,7 +369,7 @@ class ControlPlane:
 def _start(cp: ControlPlane, name: str, argv: list[str]) -> None:
     log = (cp.workdir / f"{name}.log").open("wb")
     cp.processes[name] = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
     )
     log.close()
 

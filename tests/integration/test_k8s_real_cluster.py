@@ -74,32 +74,35 @@ def drain(
     return actions.drain_step(node, started_at=started_at, now=datetime.now(UTC), options=options)
 
 
-def deployment(kube_admin: ApiClient, namespace: str, name: str, *, replicas: int, group: str) -> None:
-    """A Deployment of pause pods (1 GPU each) on the nodes labelled ``healer-test/group=<group>``."""
+def deployment_manifest(name: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment of ``replicas`` pods labelled ``app=<name>`` with ``pod_spec``."""
     labels = {"app": name}
-    body = {
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "nodeSelector": {"healer-test/group": group},
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [
-                        {
-                            "name": "pause",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
+
+
+def deployment(kube_admin: ApiClient, namespace: str, name: str, *, replicas: int, group: str) -> None:
+    """A Deployment of pause pods (1 GPU each) on the nodes labelled ``healer-test/group=<group>``."""
+    spec = {
+        "nodeSelector": {"healer-test/group": group},
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "pause",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }
+        ],
+    }
+    body = deployment_manifest(name, replicas, spec)
     k8s.AppsV1Api(kube_admin).create_namespaced_deployment(namespace, body)
 
 
