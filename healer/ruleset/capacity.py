@@ -7,7 +7,6 @@ key (a file may hold ``groups``, ``capacity`` or both)::
       - name: inference-overflow
         enabled: true
         burst_nodes: {type: virtual-kubelet}     # node labels, every pair must match
-        resource: nvidia.com/gpu
         open:                                      # in-cluster GPUs are short when any signal holds
           pending_gpu_pods: 1                      # at least this many pods requesting GPUs Pending, unbound
           kueue_pending_workloads: 0               # Kueue Workloads waiting for admission (0: not read)
@@ -29,7 +28,6 @@ that do not tolerate healer's taint are evicted back into the cluster at the ``r
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -39,10 +37,6 @@ from healer.ruleset.k8s_names import selector_problems
 
 #: A Prometheus duration string (or a number), held as seconds.
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
-#: An extended resource name (``nvidia.com/gpu``): an optional DNS subdomain prefix and a name.
-_RESOURCE = re.compile(
-    r"^(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
 
 
 class _Strict(BaseModel):
@@ -56,7 +50,7 @@ class OpenWhen(_Strict):
         1,
         ge=0,
         description=(
-            "Short when at least this many pods requesting the resource are Pending and unbound; "
+            "Short when at least this many pods requesting nvidia.com/gpu are Pending and unbound; "
             "0: not a signal."
         ),
     )
@@ -106,7 +100,6 @@ class CapacityRule(_Strict):
     burst_nodes: dict[str, str] = Field(
         ..., min_length=1, description="Node labels selecting the burst nodes."
     )
-    resource: str = Field("nvidia.com/gpu", description="The extended resource counted as GPUs.")
     open: OpenWhen = Field(default_factory=lambda: OpenWhen())
     close: CloseWhen = Field(default_factory=lambda: CloseWhen())
     return_: ReturnPace = Field(default_factory=lambda: ReturnPace(), alias="return")
@@ -118,13 +111,6 @@ class CapacityRule(_Strict):
         problems = selector_problems(value)
         if problems:
             raise ValueError("; ".join(problems))
-        return value
-
-    @field_validator("resource")
-    @classmethod
-    def _resource(cls, value: str) -> str:
-        if not _RESOURCE.match(value):
-            raise ValueError(f"not a Kubernetes resource name: {value!r} (e.g. nvidia.com/gpu)")
         return value
 
     def selects(self, labels: dict[str, str]) -> bool:
