@@ -122,10 +122,9 @@ def gpu_node(name: str, gpus: int = 8, *, unschedulable: bool = False, **kw: obj
     return NodeView(name=name, unschedulable=unschedulable, conditions={"Ready": "True"}, gpus=gpus, **kw)  # type: ignore[arg-type]
 
 
-def pod(name: str, gpus: int, node: str = "", **kw: object) -> PodFacts:
-    return PodFacts(
-        namespace="ml", name=name, node=node, phase="Running" if node else "Pending", gpus=gpus, **kw
-    )  # type: ignore[arg-type]
+def pod(name: str, gpus: int, node: str = "", *, phase: str = "", **kw: object) -> PodFacts:
+    phase = phase or ("Running" if node else "Pending")
+    return PodFacts(namespace="ml", name=name, node=node, phase=phase, gpus=gpus, **kw)  # type: ignore[arg-type]
 
 
 def test_capacity_counts_free_gpus_of_serving_in_cluster_nodes_only() -> None:
