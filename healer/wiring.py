@@ -11,6 +11,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     address_lookup      the cluster's Node and exporter pod names and addresses (a series' node)
     gpu_isolation       single GPUs out (DRA DeviceTaintRule or node annotation), or its recorder
     quota_sync          the Kueue quota sync (``kueue.enabled``), or its dry-run recorder
+    burst_sync          the capacity rules' burst job (its port, or its dry-run recorder)
     dashboard           the FastAPI app with its chart source, metrics and clock
     build_process       the controller and its dashboard (``healer run``, the demo)
 """
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from healer.actions.node_watch import NodeWatch
     from healer.actions.validation import Validator
     from healer.controller import Controller
+    from healer.controller.burst import BurstSync
     from healer.controller.gpu_isolation import GpuIsolationSync
     from healer.controller.quota_sync import QuotaSync
     from healer.metrics import HealerMetrics
@@ -275,6 +277,27 @@ def quota_sync(
     )
 
 
+def burst_sync(
+    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session], cluster: KubernetesNodeActions
+) -> BurstSync:
+    """The capacity rules' burst job (it does nothing while no capacity rule is enabled); with
+    ``safety.dry_run`` it records the toggles and returns it would make and changes nothing."""
+    from healer.actions.burst import DryRunBurst, KubernetesBurst
+    from healer.actions.kueue import KueueQuotas
+    from healer.controller.burst import BurstSync
+
+    timeout = settings.kubernetes.request_timeout_seconds
+    real = KubernetesBurst(api_client, domain=settings.kubernetes.domain, request_timeout=timeout)
+    kueue = KueueQuotas(api_client, request_timeout=timeout)
+    return BurstSync(
+        port=DryRunBurst(real) if settings.safety.dry_run else real,
+        nodes=cluster.list_nodes,
+        sessions=sessions,
+        domain=settings.kubernetes.domain,
+        kueue_pending=kueue.pending_workloads,
+    )
+
+
 def gpu_isolation(
     settings: Settings,
     api_client: ApiClient,
@@ -398,6 +421,7 @@ def build_process(
         validator=validation_jobs(settings, api_client, actions),
         quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),
         gpu_isolation=isolating,
+        burst=burst_sync(settings, api_client, sessions, cluster),
     )
     app = dashboard(
         settings,
