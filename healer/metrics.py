@@ -15,7 +15,7 @@ Nothing here is a module-level global: the composition root builds one :class:`H
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -65,6 +65,12 @@ class HealerMetrics:
             registry=self.registry,
         )
         lists.set_function(lambda: float(watch.lists))
+
+    def watch_stores(self, stores: Mapping[str, WatchedStore]) -> None:
+        """Export the freshness of the other watched stores (pods, PodDisruptionBudgets:
+        :mod:`healer.actions.pod_watch`), labelled by resource: ``healer_watch_age_seconds`` (-1
+        before the first list and while the watch is down) and ``healer_watch_lists``."""
+        self.registry.register(_WatchedStores(dict(stores)))
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -291,6 +297,33 @@ def _ledger_families(session: Session, now: datetime) -> Iterable[Metric]:
     if part_gaps:
         fleet.add_metric([], sum(part_gaps) / len(part_gaps))
     yield fleet
+
+
+class _WatchedStores(Collector):
+    """``healer_watch_age_seconds`` and ``healer_watch_lists`` of watched stores, by resource."""
+
+    def __init__(self, stores: dict[str, WatchedStore]) -> None:
+        self.stores = stores
+
+    def collect(self) -> Iterable[Metric]:
+        age = GaugeMetricFamily(
+            "healer_watch_age_seconds",
+            "Seconds since a watched store last heard from the API server (an event, a bookmark, a "
+            "new watch or a list), by resource; -1 before its first list and while its watch is down "
+            "(its readers then list).",
+            labels=["resource"],
+        )
+        lists = GaugeMetricFamily(
+            "healer_watch_lists",
+            "LIST requests a watched store made since start, by resource (the first, then one per "
+            "expired resourceVersion).",
+            labels=["resource"],
+        )
+        for resource, store in sorted(self.stores.items()):
+            age.add_metric([resource], _or_minus_one(store.age_seconds()))
+            lists.add_metric([resource], float(store.lists))
+        yield age
+        yield lists
 
 
 class WatchedStore(Protocol):

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from healer.actions.gpu_isolation import IsolationPort
     from healer.actions.kubernetes import KubernetesNodeActions
     from healer.actions.node_watch import NodeWatch
+    from healer.actions.pod_watch import BudgetWatch, PodWatch
     from healer.actions.validation import Validator
     from healer.controller import Controller
     from healer.controller.burst import BurstSync
@@ -161,16 +162,25 @@ def node_actions(
     identity: str,
     clock: Callable[[], datetime],
     node_watch: NodeWatch | None = None,
+    pod_watch: PodWatch | None = None,
+    budget_watch: BudgetWatch | None = None,
 ) -> tuple[KubernetesNodeActions, NodeActions]:
     """The cluster adapter, and what the controller acts through: the same adapter, or with
     ``safety.dry_run`` a recorder that writes what it would do to the database and touches nothing.
-    ``node_watch``: the watched store the adapter reads the cluster's Nodes from (None: it lists).
+    ``node_watch``: the watched store the adapter reads the cluster's Nodes from (None: it lists);
+    ``pod_watch``, ``budget_watch``: those a drain reads pods and PodDisruptionBudgets from.
     """
     from healer.actions.dryrun import RecordingNodeActions
     from healer.actions.kubernetes import KubernetesNodeActions
 
     cluster = KubernetesNodeActions(
-        api_client, settings.kubernetes, identity=identity, clock=clock, node_watch=node_watch
+        api_client,
+        settings.kubernetes,
+        identity=identity,
+        clock=clock,
+        node_watch=node_watch,
+        pod_watch=pod_watch,
+        budget_watch=budget_watch,
     )
     if settings.safety.dry_run:
         return cluster, RecordingNodeActions(cluster, sessions, clock=clock)
@@ -374,6 +384,7 @@ def build_process(
     from healer.actions.kubernetes import make_api_client
     from healer.actions.lease import LeaderElector
     from healer.actions.node_watch import NodeWatch
+    from healer.actions.pod_watch import BudgetWatch, PodWatch
     from healer.clock import SharedClock
     from healer.controller import Controller
     from healer.metrics import HealerMetrics
@@ -393,13 +404,24 @@ def build_process(
     )
     refuse_acting_without_providers(rules.ruleset.rules, settings)
     api_client = make_api_client(settings.kubernetes)
-    # The cluster's Nodes come from a watch (started with the controller): a quiet tick lists none.
-    node_watch = NodeWatch(api_client, timeout=settings.kubernetes.request_timeout_seconds)
+    # The cluster's Nodes come from a watch (started with the controller): a quiet tick lists none;
+    # so do the pods and PodDisruptionBudgets a drain reads.
+    timeout = settings.kubernetes.request_timeout_seconds
+    node_watch = NodeWatch(api_client, timeout=timeout)
+    pod_watch, budget_watch = PodWatch(api_client, timeout=timeout), BudgetWatch(api_client, timeout=timeout)
     cluster, actions = node_actions(
-        settings, api_client, sessions, identity=identity, clock=clock, node_watch=node_watch
+        settings,
+        api_client,
+        sessions,
+        identity=identity,
+        clock=clock,
+        node_watch=node_watch,
+        pod_watch=pod_watch,
+        budget_watch=budget_watch,
     )
     metrics = HealerMetrics()
     metrics.watch_nodes(node_watch)
+    metrics.watch_stores({"pods": pod_watch, "poddisruptionbudgets": budget_watch})
     isolating = gpu_isolation(settings, api_client, sessions, events=actions, metrics=metrics)
     controller = Controller(
         settings=settings,
@@ -415,7 +437,7 @@ def build_process(
         node_labels=cluster.node_labels,
         owned=cluster.owned_nodes,
         owned_node=cluster.owned_node,
-        background=(node_watch,),
+        background=(node_watch, pod_watch, budget_watch),
         addresses=KubernetesAddresses(api_client, settings.kubernetes, node_watch=node_watch).address_book,
         gpu_nodes=cluster.gpu_nodes,
         validator=validation_jobs(settings, api_client, actions),

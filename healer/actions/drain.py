@@ -29,15 +29,16 @@ the name is never evicted by mistake) run in parallel, ``concurrency`` at a time
 * 500 "more than one PodDisruptionBudget": no retry can succeed (kubectl fails the pod at once), so
   the step reports ``blocked`` at once, deadline or not.
 
-API economy: the step reads the budgets of the namespaces it evicts from (one list per
-namespace) and POSTs at most ``status.disruptionsAllowed`` evictions per budget; a pod its budget
-would refuse is not POSTed. While pods are held, the step watches those budgets (one watch per
-namespace, at most ``budget_wait_seconds``) and evicts as soon as a replacement is ready and the
-budget allows again, so a 110-pod node under ``maxUnavailable: 1`` costs about one list, one
-eviction per pod, one watch and the final list, and its wall time follows the replacements'
-readiness rather than the drain job's interval. A 429 anyway (a stale count) zeroes that budget
-until the watch says otherwise. Without watch (an API server or proxy refusing it) held pods wait
-for the next step, as before.
+API economy: the step reads the node's pods and the budgets of the namespaces it evicts from out of
+the watched stores (:mod:`healer.actions.pod_watch`; without them, one list of pods and one list of
+budgets per namespace) and POSTs at most ``status.disruptionsAllowed`` evictions per budget; a pod
+its budget would refuse is not POSTed. While pods are held, the step watches those budgets (one
+watch per namespace, at most ``budget_wait_seconds``) and evicts as soon as a replacement is ready
+and the budget allows again, so a 110-pod node under ``maxUnavailable: 1`` costs one eviction per
+pod, one watch and the final list (the one LIST of a step: what is left is always read from the API
+server), and its wall time follows the replacements' readiness rather than the drain job's interval.
+A 429 anyway (a stale count) zeroes that budget until the watch says otherwise. Without watch (an
+API server or proxy refusing it) held pods wait for the next step, as before.
 
 On a node whose kubelet is dead (``Ready`` not ``True``) a pod evicted earlier stays terminating
 forever; one whose ``deletionTimestamp`` is older than ``skip_wait_for_delete_timeout_seconds``
@@ -74,6 +75,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from healer.actions import checkpoint as ckpt
 from healer.actions.apierrors import api_call
+from healer.actions.pod_watch import BudgetWatch, PodWatch
 from healer.errors import KubernetesError
 from healer.model.drain import DrainOptions, DrainReport
 
@@ -171,12 +173,23 @@ def classify(pods: Sequence[k8s.V1Pod], options: DrainOptions) -> Plan:
     return plan
 
 
-def list_node_pods(core: k8s.CoreV1Api, node: str, *, request_timeout: float) -> list[k8s.V1Pod]:
-    """``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`` (all namespaces), as kubectl does.
+def typed(api: k8s.ApiClient, obj: dict[str, Any], kind: str) -> Any:
+    """A watched store's object (a JSON dict) as the client's model ``kind`` (``"V1Pod"``)."""
+    return api.deserialize(json.dumps(obj), kind, "application/json")
+
+
+def list_node_pods(
+    core: k8s.CoreV1Api, node: str, *, request_timeout: float, pod_watch: PodWatch | None = None
+) -> list[k8s.V1Pod]:
+    """The pods bound to ``node``: from ``pod_watch`` while it is fresh, else
+    ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>`` (all namespaces), as kubectl does.
 
     Raises:
         KubernetesError: the list failed.
     """
+    watched = pod_watch.on_node(node) if pod_watch is not None else None
+    if watched is not None:
+        return [typed(core.api_client, x, "V1Pod") for x in watched]
     with api_call(f"list pods on node {node}"):
         result = core.list_pod_for_all_namespaces(
             field_selector=f"spec.nodeName={node}", _request_timeout=request_timeout
@@ -239,13 +252,27 @@ class Budgets:
         return tuple(sorted({n for x in pods for n in self.matching.get(pod_key(x), ())}))
 
 
-def read_budgets(policy: k8s.PolicyV1Api, pods: Sequence[k8s.V1Pod], *, request_timeout: float) -> Budgets:
-    """One list of PodDisruptionBudgets per namespace of ``pods``, matched to each pod."""
+def read_budgets(
+    policy: k8s.PolicyV1Api,
+    pods: Sequence[k8s.V1Pod],
+    *,
+    request_timeout: float,
+    budget_watch: BudgetWatch | None = None,
+) -> Budgets:
+    """The PodDisruptionBudgets of each namespace of ``pods`` (from ``budget_watch`` while it is
+    fresh, else one list per namespace), matched to each pod."""
     budgets = Budgets()
     by_ns: dict[str, list[k8s.V1PodDisruptionBudget]] = {}
     for pod in pods:
         ns = str(metadata_of(pod).namespace)
-        if ns not in by_ns:
+        watched = budget_watch.in_namespace(ns) if budget_watch is not None and ns not in by_ns else None
+        version = budget_watch.version() if budget_watch is not None and watched is not None else None
+        if watched is not None and version is not None:
+            by_ns[ns] = [typed(policy.api_client, x, "V1PodDisruptionBudget") for x in watched]
+            budgets.versions[ns] = version
+            for pdb in by_ns[ns]:
+                budgets.allowed[f"{ns}/{metadata_of(pdb).name}"] = _disruptions_allowed(pdb)
+        elif ns not in by_ns:
             with api_call(f"list PodDisruptionBudgets in {ns}"):
                 listed = policy.list_namespaced_pod_disruption_budget(ns, _request_timeout=request_timeout)
             by_ns[ns] = list(listed.items or [])
@@ -424,10 +451,11 @@ def plan(
     request_timeout: float,
     checkpointing: Checkpointing | None = None,
     now: datetime | None = None,
+    pod_watch: PodWatch | None = None,
 ) -> DrainReport:
     """What a drain step would do now; evicts nothing and asks nothing. ``evicted`` lists the pods
     it would evict, ``checkpointing`` those it would ask to checkpoint first."""
-    p = classify(list_node_pods(core, node, request_timeout=request_timeout), options)
+    p = classify(list_node_pods(core, node, request_timeout=request_timeout, pod_watch=pod_watch), options)
     would = tuple(sorted(pod_key(x) for x in p.evict))
     asked: tuple[str, ...] = ()
     if checkpointing is not None and now is not None and not p.refused:
@@ -484,6 +512,8 @@ def drain_step(
     skip_wait_for_delete_timeout_seconds: float = 300.0,
     checkpointing: Checkpointing | None = None,
     guard: Callable[[], str] | None = None,
+    pod_watch: PodWatch | None = None,
+    budget_watch: BudgetWatch | None = None,
 ) -> DrainReport:
     """Evict what can be evicted now; see the module docstring for every rule.
 
@@ -500,6 +530,10 @@ def drain_step(
         started_at, now: aware datetimes; the deadline is ``started_at + options.timeout_seconds``.
         node_ready: the node's ``Ready`` condition is ``True``; when not, pods terminating longer
             than ``skip_wait_for_delete_timeout_seconds`` count as gone (0 = wait forever).
+        pod_watch, budget_watch: the watched stores the step reads the node's pods and the
+            budgets from while they are fresh (:mod:`healer.actions.pod_watch`); the pods left
+            at the end of the step are always listed from the API server (a store a moment
+            behind never calls a node empty).
 
     Returns:
         ``done`` when no pod is left to evict or wait for; ``refused`` (nothing evicted) when a
@@ -510,7 +544,9 @@ def drain_step(
         KubernetesError: listing pods or budgets failed (evictions' own failures are in ``errors``).
     """
     skip_wait = None if node_ready else skip_wait_for_delete_timeout_seconds
-    pods = still_present(list_node_pods(core, node, request_timeout=request_timeout), now, skip_wait)
+    pods = still_present(
+        list_node_pods(core, node, request_timeout=request_timeout, pod_watch=pod_watch), now, skip_wait
+    )
     p = classify(pods, options)
     if p.refused:
         log.warning("drain of %s refused: %s", node, p.refused)
@@ -540,7 +576,11 @@ def drain_step(
     errors: dict[str, str] = {}
     held: list[k8s.V1Pod] = []
     several: list[k8s.V1Pod] = []
-    budgets = read_budgets(policy, p.evict, request_timeout=request_timeout) if p.evict else Budgets()
+    budgets = (
+        read_budgets(policy, p.evict, request_timeout=request_timeout, budget_watch=budget_watch)
+        if p.evict
+        else Budgets()
+    )
     waiting_until = time.monotonic() + (0.0 if past_deadline else options.budget_wait_seconds)
     todo = list(p.evict)
     events: dict[str, Iterator[tuple[str, int]]] = {}

@@ -52,6 +52,7 @@ from healer.actions.apiretry import RetryingApiClient
 from healer.actions.base import NodeRef
 from healer.actions.checkpoint import CheckpointKeys
 from healer.actions.node_watch import NodeWatch
+from healer.actions.pod_watch import BudgetWatch, PodWatch
 from healer.actions.timestamps import micro_time
 from healer.clock import utc_now
 from healer.config import KubernetesSettings
@@ -202,10 +203,16 @@ class KubernetesNodeActions:
         identity: str = "healer",
         clock: Callable[[], datetime] = utc_now,
         node_watch: NodeWatch | None = None,
+        pod_watch: PodWatch | None = None,
+        budget_watch: BudgetWatch | None = None,
     ) -> None:
         self.settings = settings
         #: The watched store of the cluster's Nodes (:mod:`.node_watch`); None: every read lists.
         self.node_watch = node_watch
+        #: The watched stores of pods and PodDisruptionBudgets a drain reads (:mod:`.pod_watch`);
+        #: None: each drain step lists them.
+        self.pod_watch = pod_watch
+        self.budget_watch = budget_watch
         self.identity = identity
         self.clock = clock
         # Every request (node reads and writes, Events, the drain's lists) retries a transient
@@ -499,6 +506,8 @@ class KubernetesNodeActions:
             skip_wait_for_delete_timeout_seconds=self.settings.drain_skip_wait_for_delete_timeout_seconds,
             checkpointing=self._checkpointing(view),
             guard=lambda: self.human_change(view, self.read_node(view.name)),
+            pod_watch=self.pod_watch,
+            budget_watch=self.budget_watch,
         )
 
     def human_change(self, before: NodeView, now: NodeView) -> str:
@@ -532,6 +541,7 @@ class KubernetesNodeActions:
             request_timeout=self._timeout,
             checkpointing=self._checkpointing(self.read_node(name)) if now is not None else None,
             now=now,
+            pod_watch=self.pod_watch,
         )
 
     def release(self, node: NodeRef, *, now: datetime | None = None) -> NodeView:
