@@ -288,16 +288,29 @@ def quota_sync(
 
 
 def burst_sync(
-    settings: Settings, api_client: ApiClient, sessions: sessionmaker[Session], cluster: KubernetesNodeActions
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    cluster: KubernetesNodeActions,
+    *,
+    pod_watch: PodWatch | None = None,
+    budget_watch: BudgetWatch | None = None,
 ) -> BurstSync:
     """The capacity rules' burst job (it does nothing while no capacity rule is enabled); with
-    ``safety.dry_run`` it records the toggles and returns it would make and changes nothing."""
+    ``safety.dry_run`` it records the toggles and returns it would make and changes nothing.
+    Pods and PodDisruptionBudgets come from the watches when given (else a list each read)."""
     from healer.actions.burst import DryRunBurst, KubernetesBurst
     from healer.actions.kueue import KueueQuotas
     from healer.controller.burst import BurstSync
 
     timeout = settings.kubernetes.request_timeout_seconds
-    real = KubernetesBurst(api_client, domain=settings.kubernetes.domain, request_timeout=timeout)
+    real = KubernetesBurst(
+        api_client,
+        domain=settings.kubernetes.domain,
+        request_timeout=timeout,
+        pod_watch=pod_watch,
+        budget_watch=budget_watch,
+    )
     kueue = KueueQuotas(api_client, request_timeout=timeout)
     return BurstSync(
         port=DryRunBurst(real) if settings.safety.dry_run else real,
@@ -443,7 +456,9 @@ def build_process(
         validator=validation_jobs(settings, api_client, actions),
         quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),
         gpu_isolation=isolating,
-        burst=burst_sync(settings, api_client, sessions, cluster),
+        burst=burst_sync(
+            settings, api_client, sessions, cluster, pod_watch=pod_watch, budget_watch=budget_watch
+        ),
     )
     app = dashboard(
         settings,

@@ -14,8 +14,8 @@ PodDisruptionBudgets): the pod's budgets are read first and a pod its only budge
 POSTed (``budget``); a 429 from the API server is the same answer.
 
 Pod reads go through two narrow methods, :meth:`KubernetesBurst.gpu_pods` (pods requesting GPUs,
-bound or pending) and :meth:`KubernetesBurst.pods_on` (the pods of one node): one list call each
-now, a watched store's read later.
+bound or pending) and :meth:`KubernetesBurst.pods_on` (the pods of one node): the watched pod store
+(:mod:`.pod_watch`) while it is fresh, else one list call each; the budgets likewise.
 
 :class:`DryRunBurst` reads the same and writes nothing: the controller records what it would have
 done (``dry_run`` rows), and the pods it would have sent back are no longer counted on the burst node
@@ -34,6 +34,7 @@ from healer.actions import drain as drain_mod
 from healer.actions import rawcalls
 from healer.actions.apierrors import api_call
 from healer.actions.kubernetes import STRATEGIC_MERGE, node_view
+from healer.actions.pod_watch import BudgetWatch, PodWatch
 from healer.errors import KubernetesConflict
 from healer.model.burst import PodFacts, Toleration
 from healer.model.node import NodeView
@@ -116,14 +117,24 @@ class KubernetesBurst:
         domain: the prefix of healer's burst taint key (``<domain>/burst``).
         request_timeout: seconds per HTTP request.
         grace_period: pod grace period of an eviction, seconds; -1 = the pod's own.
+        pod_watch, budget_watch: the watched stores read while fresh (None: list each time).
     """
 
     status = ActionStatus.SUCCEEDED
 
     def __init__(
-        self, api_client: k8s.ApiClient, *, domain: str, request_timeout: float = 10.0, grace_period: int = -1
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        domain: str,
+        request_timeout: float = 10.0,
+        grace_period: int = -1,
+        pod_watch: PodWatch | None = None,
+        budget_watch: BudgetWatch | None = None,
     ) -> None:
         self.api = api_client
+        self.pod_watch = pod_watch
+        self.budget_watch = budget_watch
         self.core = k8s.CoreV1Api(api_client)
         self.policy = k8s.PolicyV1Api(api_client)
         self.taint_key = f"{domain}/burst"
@@ -147,11 +158,19 @@ class KubernetesBurst:
         Raises:
             KubernetesError: the list failed.
         """
-        listed = self._pods("list pods", "status.phase!=Succeeded,status.phase!=Failed")
-        return [p for p in listed if p.gpus > 0]
+        watched = self.pod_watch.items() if self.pod_watch is not None else None
+        if watched is not None:
+            listed = [pod_facts(p) for p in watched]
+        else:
+            listed = self._pods("list pods", "status.phase!=Succeeded,status.phase!=Failed")
+        return [p for p in listed if p.gpus > 0 and not p.finished]
 
     def pods_on(self, node: str) -> list[PodFacts]:
-        """Every pod bound to ``node`` (one list call, ``spec.nodeName`` as kubectl drain lists)."""
+        """Every pod bound to ``node`` (the watched store, else one list call, ``spec.nodeName`` as
+        kubectl drain lists)."""
+        watched = self.pod_watch.on_node(node) if self.pod_watch is not None else None
+        if watched is not None:
+            return [pod_facts(p) for p in watched]
         return self._pods(f"list pods on node {node}", f"spec.nodeName={node}")
 
     def set_taint(self, node: str, *, value: str | None) -> NodeView | None:
@@ -200,7 +219,9 @@ class KubernetesBurst:
         v1 = k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid, labels=pod.labels)
         )
-        budgets = drain_mod.read_budgets(self.policy, [v1], request_timeout=self._timeout)
+        budgets = drain_mod.read_budgets(
+            self.policy, [v1], request_timeout=self._timeout, budget_watch=self.budget_watch
+        )
         if not budgets.may_post(v1):
             names = ", ".join(budgets.names_for([v1]))
             return str(drain_mod.Outcome.BUDGET), f"PodDisruptionBudget {names} allows no disruption now"
