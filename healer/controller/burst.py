@@ -103,16 +103,18 @@ class BurstSync:
             states = {name: str(state) for name, state in session.execute(select(Node.name, Node.state))}
             last = store.last_transitions(session)
             last_return = store.last_return_at(session)
-        cap = capacity(
-            views,
-            pods,
-            is_burst=lambda v: which(v.labels) is not None,
-            domain=self.domain,
-            states=states,
-            kueue_pending=kueue,
-        )
         report: list[dict[str, Any]] = []
         for rule in active:
+            cap = capacity(
+                views,
+                pods,
+                is_burst=lambda v: which(v.labels) is not None,
+                domain=self.domain,
+                in_cluster=lambda v, r=rule: r.in_cluster(v.labels),  # type: ignore[misc]
+                counts_pending=lambda p, r=rule: r.counts_pending(p.namespace),  # type: ignore[misc]
+                states=states,
+                kueue_pending=kueue,
+            )
             nodes: list[dict[str, Any]] = []
             for view in (v for v in views if rule.selects(v.labels)):
                 nodes.append(

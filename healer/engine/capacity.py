@@ -31,12 +31,16 @@ def capacity(
     *,
     is_burst: Callable[[NodeView], bool],
     domain: str,
+    in_cluster: Callable[[NodeView], bool] = lambda view: True,
+    counts_pending: Callable[[PodFacts], bool] = lambda pod: True,
     states: Mapping[str, str] | None = None,
     kueue_pending: int | None = None,
 ) -> Capacity:
     """The :class:`~healer.model.burst.Capacity` of the cluster now.
 
     ``pods``: at least every pod requesting GPUs, bound or pending (others are ignored);
+    ``in_cluster``: the nodes (not burst nodes) whose GPUs count (default every one);
+    ``counts_pending``: the pending pods that count as demand (default every one);
     ``states``: node → healer's recorded lifecycle state (what counts as held in dry-run, where
     the node carries no mark); ``kueue_pending``: Kueue Workloads waiting for admission, or None.
     """
@@ -44,7 +48,7 @@ def capacity(
     free: dict[str, int] = {}
     held = total = 0
     for view in nodes:
-        if not view.gpus or is_burst(view):
+        if not view.gpus or is_burst(view) or not in_cluster(view):
             continue
         total += view.gpus
         if held_by_healer(view, domain=domain, state=states.get(view.name)):
@@ -58,7 +62,7 @@ def capacity(
         if pod.gpus <= 0 or pod.finished:
             continue
         if pod.pending:
-            pending += 1
+            pending += 1 if counts_pending(pod) else 0
         elif pod.node in free:
             free[pod.node] -= pod.gpus
     free = {name: max(0, gpus) for name, gpus in free.items()}

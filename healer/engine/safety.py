@@ -217,8 +217,7 @@ CHECKS: tuple[Check, ...] = (
         Refusal.BURST_NODE,
         _TOUCHING,
         lambda r, s: (
-            f"a burst node of capacity rule {r.burst_rule}: health rules never quarantine, drain or "
-            "ticket it"
+            f"a burst node of capacity rule {r.burst_rule}: health rules never quarantine, drain or ticket it"
             if r.burst_rule
             else None
         ),

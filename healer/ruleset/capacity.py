@@ -7,6 +7,8 @@ key (a file may hold ``groups``, ``capacity`` or both)::
       - name: inference-overflow
         enabled: true
         burst_nodes: {type: virtual-kubelet}     # node labels, every pair must match
+        cluster_nodes: {pool: h100}              # the in-cluster GPU nodes that count (default: all others)
+        namespaces: [inference]                  # pending pods counted there only (default: every one)
         open:                                      # in-cluster GPUs are short when any signal holds
           pending_gpu_pods: 1                      # at least this many pods requesting GPUs Pending, unbound
           kueue_pending_workloads: 0               # Kueue Workloads waiting for admission (0: not read)
@@ -100,6 +102,14 @@ class CapacityRule(_Strict):
     burst_nodes: dict[str, str] = Field(
         ..., min_length=1, description="Node labels selecting the burst nodes."
     )
+    cluster_nodes: dict[str, str] = Field(
+        default_factory=dict,
+        description="In-cluster GPU nodes whose free GPUs count, by label; empty: all but burst nodes.",
+    )
+    namespaces: list[str] = Field(
+        default_factory=list,
+        description="Pending pods count only in these namespaces (those that overflow); empty: all.",
+    )
     open: OpenWhen = Field(default_factory=lambda: OpenWhen())
     close: CloseWhen = Field(default_factory=lambda: CloseWhen())
     return_: ReturnPace = Field(default_factory=lambda: ReturnPace(), alias="return")
@@ -112,6 +122,22 @@ class CapacityRule(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return value
+
+    @field_validator("cluster_nodes")
+    @classmethod
+    def _cluster_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = selector_problems(value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    def in_cluster(self, labels: dict[str, str]) -> bool:
+        """The node carrying ``labels`` is in-cluster capacity for this rule (not a burst node)."""
+        return not self.selects(labels) and all(labels.get(k) == v for k, v in self.cluster_nodes.items())
+
+    def counts_pending(self, namespace: str) -> bool:
+        """A pending pod of ``namespace`` counts as demand for this rule."""
+        return not self.namespaces or namespace in self.namespaces
 
     def selects(self, labels: dict[str, str]) -> bool:
         """The node carrying ``labels`` is one of this rule's burst nodes."""

@@ -65,6 +65,7 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
