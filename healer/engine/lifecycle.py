@@ -589,7 +589,9 @@ def _acting_rule(facts: NodeFacts, ctx: Context) -> Rule | None:
 def _rule_findings(facts: NodeFacts, rule: Rule | str | None) -> list[Finding]:
     """``rule``'s findings this tick, else as last recorded (a ladder started by the drain pass)."""
     name = rule.name if isinstance(rule, Rule) else rule
-    return [f for f in facts.firing if f.rule == name] or [f for f in facts.recorded_firing if f.rule == name]
+    return [f for f in facts.firing if f.rule == name] or [
+        f for f in facts.recorded_firing if f.rule == name
+    ]
 
 
 def _start_ladder(facts: NodeFacts, ctx: Context, rule: Rule, *, reason: str, row: str) -> Step | None:
@@ -621,10 +623,8 @@ def _ladder_step(
     """Take step ``index`` of ``steps`` (skipping repairs nobody can carry out, recorded), or record
     the ladder exhausted when none is left."""
     skipped: list[str] = []
-    while (
-        index < len(steps)
-        and steps[index].kind in ("reset-gpu", "reboot")
-        and (steps[index].kind not in ctx.repair_actions)
+    while index < len(steps) and steps[index].kind in ("reset-gpu", "reboot") and (
+        steps[index].kind not in ctx.repair_actions
     ):
         skipped.append(steps[index].kind)
         index += 1
@@ -726,15 +726,8 @@ def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
         StepKind.RECORD,
         NodeState.REPAIRED,
         f"{step.kind} done by the node agent{detail}",
-        evidence={
-            "repair": {
-                "action": step.kind,
-                "nonce": answer.nonce,
-                "status": answer.status,
-                "at": answer.at,
-                "output": answer.output,
-            }
-        },
+        evidence={"repair": {"action": step.kind, "nonce": answer.nonce, "status": answer.status,
+                             "at": answer.at, "output": answer.output}},
         already_out=True,
         row="repair done",
     )
@@ -745,15 +738,8 @@ def _repair_failed_step(f: NodeFacts, c: Context) -> Step:
     assert step is not None and answer is not None
     why = f"{step.kind} {answer.status} on the node ({answer.reason or 'no reason given'})"
     out = _escalate(f, c, why, "repair failed")
-    evidence = {
-        **(out.evidence or {}),
-        "repair": {
-            "action": step.kind,
-            "status": answer.status,
-            "reason": answer.reason,
-            "output": answer.output,
-        },
-    }
+    evidence = {**(out.evidence or {}), "repair": {"action": step.kind, "status": answer.status,
+                                                   "reason": answer.reason, "output": answer.output}}
     return replace(out, evidence=evidence)
 
 
