@@ -18,8 +18,7 @@ bound or pending) and :meth:`KubernetesBurst.pods_on` (the pods of one node): th
 (:mod:`.pod_watch`) while it is fresh, else one list call each; the budgets likewise.
 
 :class:`DryRunBurst` reads the same and writes nothing: the controller records what it would have
-done (``dry_run`` rows), and the pods it would have sent back are no longer counted on the burst node
-(so the pace and the report run in dry-run as they would when acting).
+done (``dry_run`` rows) and, as when acting, no longer counts a pod it sent back.
 """
 
 from __future__ import annotations
@@ -106,6 +105,8 @@ class BurstPort(Protocol):
 
     def set_taint(self, node: str, *, value: str | None) -> NodeView | None: ...
 
+    def read_node(self, node: str) -> NodeView: ...
+
     def return_pod(self, pod: PodFacts) -> tuple[str, str]: ...
 
 
@@ -172,6 +173,15 @@ class KubernetesBurst:
         if watched is not None:
             return [pod_facts(p) for p in watched]
         return self._pods(f"list pods on node {node}", f"spec.nodeName={node}")
+
+    def read_node(self, node: str) -> NodeView:
+        """The node as the API server has it now (a watched store may lag healer's own write).
+
+        Raises:
+            KubernetesNotFound: the node is gone.
+        """
+        with api_call(f"read node {node}"):
+            return node_view(rawcalls.call(self.api, "GET", f"/api/v1/nodes/{node}", timeout=self._timeout))
 
     def set_taint(self, node: str, *, value: str | None) -> NodeView | None:
         """Put healer's burst taint ``<domain>/burst=<value>:NoSchedule`` on ``node`` (``value``
@@ -243,26 +253,27 @@ def _taint(taint: tuple[str, str, str], view: NodeView) -> dict[str, Any]:
 
 
 class DryRunBurst:
-    """:class:`BurstPort` that reads the cluster and writes nothing; the pods it would have sent
-    back are left out of :meth:`pods_on` from then on."""
+    """:class:`BurstPort` that reads the cluster and writes nothing."""
 
     status = ActionStatus.DRY_RUN
 
     def __init__(self, reader: KubernetesBurst) -> None:
         self.reader = reader
         self.taint_key = reader.taint_key
-        self._sent: set[str] = set()
 
     def gpu_pods(self) -> list[PodFacts]:
         return self.reader.gpu_pods()
 
     def pods_on(self, node: str) -> list[PodFacts]:
-        return [p for p in self.reader.pods_on(node) if p.uid not in self._sent]
+        return self.reader.pods_on(node)
+
+    def read_node(self, node: str) -> NodeView:
+        return self.reader.read_node(node)
 
     def set_taint(self, node: str, *, value: str | None) -> NodeView | None:
         log.info("dry-run: would %s healer's burst taint on node %s", "put" if value else "take off", node)
         return None
 
     def return_pod(self, pod: PodFacts) -> tuple[str, str]:
-        self._sent.add(pod.uid)
+        log.info("dry-run: would evict pod %s off its burst node", pod.key)
         return "dry_run", ""

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: ``burst_transitions.status`` of a move that changed nothing on the node.
 RECORDED = "recorded"
+#: Seconds a pod sent back holds its GPUs in the plan after its eviction, at least.
+CLAIM_SECONDS = 10.0
 
 
 def burst_selector(rules: Sequence[CapacityRule]) -> Callable[[dict[str, str]], str | None]:
@@ -80,6 +82,10 @@ class BurstSync:
     kueue_pending: Callable[[], int] | None = None
     memory: dict[tuple[str, str], BurstMemory] = field(default_factory=dict)
     last_return: dict[str, datetime] = field(default_factory=dict)
+    #: Pods sent back (uid → their GPUs and when): never sent twice, and their GPUs are spoken for
+    #: while they are still on the burst node or for :data:`CLAIM_SECONDS` (their replacement may
+    #: not be created or placed yet).
+    sent: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     _stuck_logged: set[str] = field(default_factory=set)
 
     def run(self, rules: Sequence[CapacityRule], now: datetime, *, fence: Fence | None = None) -> None:
@@ -157,9 +163,17 @@ class BurstSync:
             else BurstMemory(seen)
         )
         acting = self.port.status is ActionStatus.SUCCEEDED
-        observed = (
-            seen if acting and row is not None and row.status in (ActionStatus.SUCCEEDED, RECORDED) else None
-        )
+        trusted = acting and row is not None and row.status in (ActionStatus.SUCCEEDED, RECORDED)
+        if trusted and seen is not memory.state:
+            # The watched store may lag healer's own last write: a human's change is confirmed by
+            # a read of the node now.
+            try:
+                tainted = any(t[0] == self.port.taint_key for t in self.port.read_node(view.name).taints)
+            except KubernetesError as exc:
+                log.warning("burst: node %s not read: %s", view.name, exc)
+                return {"node": view.name, "state": str(memory.state), "by_hand": memory.by_hand, "out": []}
+            seen = BurstState.CLOSED if tainted else BurstState.OPEN
+        observed = seen if trusted else None
         decision = step(memory, cap, rule, now, observed=observed)
         kept = decision.memory
         if decision.toggle is not None:
@@ -173,7 +187,21 @@ class BurstSync:
         except KubernetesError as exc:
             log.warning("burst: pods on %s not listed: %s", view.name, exc)
             on_node = []
-        plan = plan_returns(on_node, cap.free_by_node, taint=(self.port.taint_key, rule.name, EFFECT))
+        here = {p.uid for p in on_node}
+        self.sent = {
+            uid: (gpus, at)
+            for uid, (gpus, at) in self.sent.items()
+            if uid in here or (now - at).total_seconds() < 3600
+        }
+        claims = [
+            gpus
+            for uid, (gpus, at) in self.sent.items()
+            if uid in here or (now - at).total_seconds() < CLAIM_SECONDS
+        ]
+        on_node = [p for p in on_node if p.uid not in self.sent]
+        plan = plan_returns(
+            on_node, cap.free_by_node, taint=(self.port.taint_key, rule.name, EFFECT), claims=claims
+        )
         waiting = ""
         closed = kept.state is BurstState.CLOSED and (tainted or not acting)
         if closed:
@@ -272,6 +300,7 @@ class BurstSync:
             "dry_run": ActionStatus.DRY_RUN,
         }
         self.last_return[rule.name] = now
+        self.sent[pod.uid] = (pod.gpus, now)
         with transaction(self.sessions) as session:
             fence.check_db(session)
             repo.record_action(

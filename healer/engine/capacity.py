@@ -87,11 +87,23 @@ class ReturnPlan:
 
 
 def plan_returns(
-    pods: Iterable[PodFacts], free_by_node: Mapping[str, int], *, taint: tuple[str, str, str]
+    pods: Iterable[PodFacts],
+    free_by_node: Mapping[str, int],
+    *,
+    taint: tuple[str, str, str],
+    claims: Iterable[int] = (),
 ) -> ReturnPlan:
     """Which of a burst node's ``pods`` may come back into the cluster now (see the module
-    docstring). ``taint``: healer's burst taint ``(key, value, effect)``."""
+    docstring). ``taint``: healer's burst taint ``(key, value, effect)``; ``claims``: the GPU
+    requests of pods sent back that may not be placed yet, placed first (their GPUs are spoken for)."""
     free = dict(free_by_node)
+    for gpus in sorted(claims, reverse=True):
+        node = next((n for n in sorted(free) if free[n] >= gpus), None)
+        if node is not None:
+            free[node] -= gpus
+        elif free:  # not placeable as a whole: still takes what is left of the largest
+            largest = max(free, key=lambda n: free[n])
+            free[largest] = 0
     plan = ReturnPlan()
     candidates: list[PodFacts] = []
     for pod in pods:
