@@ -9,6 +9,7 @@ holds the cluster's GPUs here is a Deployment, and "the training ends" is its de
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -305,7 +306,7 @@ def test_training_pushes_inference_out_and_it_comes_back_at_the_pace(
         if e.pod.startswith(f"{b.namespace}/inference-") and e.code == 201
     )
     assert len(ours) == replicas
-    gaps = [later - earlier for earlier, later in zip(ours, ours[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ours)]
     assert min(gaps) >= 60.0 / PODS_PER_MINUTE - 0.05, gaps
     print(
         f"\nburst drain: {replicas} pods back in {drained:.1f} s after the training ended (hold 3 s, "
@@ -320,3 +321,50 @@ def test_training_pushes_inference_out_and_it_comes_back_at_the_pace(
 def get_switch_value(b: Burst) -> dict[str, Any]:
     with b.sessions() as session:
         return get_switch(session, SWITCH_BURST)
+
+
+def _on_burst_node(b: Burst, name: str, replicas: int, gpus: int) -> None:
+    """A Deployment pinned to the burst node (as a pod that overflowed earlier would be)."""
+    tolerations = [{"key": VK_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}]
+    pinned = {"nodeSelector": {"burst-vk": b.id}}
+    b.apps.create_namespaced_deployment(b.namespace, _deployment(name, replicas, gpus, tolerations, **pinned))
+    wait_until(
+        lambda: len(_running_on(b.pods(name))) == replicas,
+        timeout=60,
+        interval=0.2,
+        what=f"{name} on the burst node",
+    )
+
+
+def test_dry_run_records_the_toggles_and_returns_without_making_them(
+    burst: Burst, kube: ControlPlane
+) -> None:
+    b = burst
+    b.sync.port = DryRunBurst(b.sync.port)  # type: ignore[arg-type]
+    _on_burst_node(b, "inference", 2, 1)
+    _on_burst_node(b, "big", 1, 16)  # more GPUs than any in-cluster node has: it cannot come back
+    b.run_until("two returns recorded", lambda: len(b.returns()) == 2, timeout=30)
+    assert [(t.from_state, t.to_state, t.status) for t in b.transitions()] == [("open", "closed", "dry_run")]
+    assert {r.status for r in b.returns()} == {"dry_run"}
+    assert BURST_KEY not in [t[0] for t in b.taints()]  # nothing changed on the node
+    assert sorted(_running_on(b.pods("inference")).values()) == [b.burst_node] * 2
+    assert not [e for e in kube.evictions() if e.pod.startswith(f"{b.namespace}/")]
+    node = get_switch_value(b)["rules"][0]["nodes"][0]
+    (big,) = [key for key in node["stay"] if "/big-" in key]
+    assert node["stay"][big].startswith("no capacity: it requests 16 GPU(s)")
+
+
+def test_a_human_removing_healers_taint_wins(burst: Burst) -> None:
+    b = burst
+    b.run_until("the fresh burst node closed", lambda: BURST_KEY in [t[0] for t in b.taints()], timeout=30)
+    b.core.patch_node(b.burst_node, {"spec": {"taints": [VK_TAINT]}})  # kubectl taint ... healer.dev/burst-
+    b.run_until("the human's untaint recorded", lambda: b.transitions()[-1].to_state == "open", timeout=20)
+    seen = b.transitions()[-1]
+    assert (seen.status, seen.by_hand) == ("recorded", True)
+    assert "removed by someone else" in seen.reason
+    deadline = time.monotonic() + 2 * b.rule.close.hold
+    while time.monotonic() < deadline:  # free GPUs far longer than the hold: the taint stays off
+        b.run()
+        time.sleep(0.2)
+    assert BURST_KEY not in [t[0] for t in b.taints()]
+    assert len(b.transitions()) == 2
