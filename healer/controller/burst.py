@@ -211,7 +211,9 @@ class BurstSync:
             "node": view.name,
             "state": str(kept.state),
             "by_hand": kept.by_hand,
-            "out": [{"pod": p.key, "gpus": p.gpus, "phase": p.phase} for p in plan.out],
+            "out": [
+                {"pod": p.key, "gpus": p.gpus, "phase": p.phase} for p in plan.out if p.uid not in self.sent
+            ],
             "stay": plan.stay if closed else {},
             "waiting": waiting,
         }

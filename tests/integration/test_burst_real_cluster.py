@@ -32,6 +32,7 @@ from healer.store.burst import RETURN_KIND, SWITCH_BURST
 from healer.store.models import Action, BurstTransition
 from healer.store.nodes import get_switch
 from healer.store.session import make_engine, make_sessionmaker
+from tests.integration.test_api_support import build_app, http_client
 from tests.kube_cluster import ControlPlane
 from tests.services import wait_until
 
@@ -352,6 +353,20 @@ def test_dry_run_records_the_toggles_and_returns_without_making_them(
     node = get_switch_value(b)["rules"][0]["nodes"][0]
     (big,) = [key for key in node["stay"] if "/big-" in key]
     assert node["stay"][big].startswith("no capacity: it requests 16 GPU(s)")
+
+    # The dashboard and /metrics show the burst: its state, history, the pods out and the one stuck.
+    with http_client(build_app(b.sessions)) as c:
+        page = c.get("/burst")
+        assert page.status_code == 200
+        assert f'data-node="{b.burst_node}"' in page.text and ">closed<" in page.text
+        assert big in page.text and "no capacity" in page.text
+        assert "open → closed" in page.text and "dry_run" in page.text
+        assert c.get("/api/v1/burst").json()["history"][0]["to"] == "closed"
+        metrics = c.get("/metrics").text
+    labels = f'{{node="{b.burst_node}",rule="{b.rule.name}"}}'
+    assert f"healer_burst_open{labels} 0.0" in metrics, [x for x in metrics.splitlines() if "burst" in x]
+    assert f"healer_burst_pods{labels} 1.0" in metrics, [x for x in metrics.splitlines() if "burst" in x]
+    assert f"healer_burst_pods_stuck{labels} 1.0" in metrics
 
 
 def test_a_human_removing_healers_taint_wins(burst: Burst) -> None:
