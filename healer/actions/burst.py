@@ -86,6 +86,7 @@ def pod_facts(pod: dict[str, Any]) -> PodFacts:
         gpus=gpus,
         terminating=meta.get("deletionTimestamp") is not None,
         owner_kind=str(owner.get("kind") or "") if owner else "",
+        owner_uid=str(owner.get("uid") or "") if owner else "",
         mirror=MIRROR_ANNOTATION in (meta.get("annotations") or {}),
         labels=dict(meta.get("labels") or {}),
         tolerations=tolerations,

@@ -38,7 +38,7 @@ from healer.controller.fence import Fence
 from healer.engine.burst import short, step
 from healer.engine.capacity import ReturnPlan, capacity, plan_returns
 from healer.errors import KubernetesError
-from healer.model.burst import BurstDecision, BurstMemory, BurstState, Capacity
+from healer.model.burst import BurstDecision, BurstMemory, BurstState, Capacity, Claim, PodFacts
 from healer.model.node import NodeView
 from healer.model.states import ActionStatus
 from healer.ruleset.capacity import CapacityRule
@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 
 #: ``burst_transitions.status`` of a move that changed nothing on the node.
 RECORDED = "recorded"
-#: Seconds a pod sent back holds its GPUs in the plan after its eviction, at least.
-CLAIM_SECONDS = 10.0
+#: Seconds a pod sent back holds its GPUs in the plan at most, when no replacement shows up (its
+#: controller scaled down, or the pod list lags).
+CLAIM_SECONDS = 60.0
 
 
 def burst_selector(rules: Sequence[CapacityRule]) -> Callable[[dict[str, str]], str | None]:
@@ -82,10 +83,9 @@ class BurstSync:
     kueue_pending: Callable[[], int] | None = None
     memory: dict[tuple[str, str], BurstMemory] = field(default_factory=dict)
     last_return: dict[str, datetime] = field(default_factory=dict)
-    #: Pods sent back (uid → their GPUs and when): never sent twice, and their GPUs are spoken for
-    #: while they are still on the burst node or for :data:`CLAIM_SECONDS` (their replacement may
-    #: not be created or placed yet).
-    sent: dict[str, tuple[int, datetime]] = field(default_factory=dict)
+    #: Pods sent back, by uid: never sent twice, and their GPUs spoken for until their replacement
+    #: shows up (:class:`~healer.model.burst.Claim`, at most :data:`CLAIM_SECONDS`).
+    sent: dict[str, Claim] = field(default_factory=dict)
     _stuck_logged: set[str] = field(default_factory=set)
 
     def run(self, rules: Sequence[CapacityRule], now: datetime, *, fence: Fence | None = None) -> None:
@@ -109,6 +109,12 @@ class BurstSync:
             states = {name: str(state) for name, state in session.execute(select(Node.name, Node.state))}
             last = store.last_transitions(session)
             last_return = store.last_return_at(session)
+        self.sent = {uid: c for uid, c in self.sent.items() if (now - c.at).total_seconds() < 3600}
+        claims = [
+            c.gpus
+            for c in self.sent.values()
+            if (now - c.at).total_seconds() < CLAIM_SECONDS and not c.replaced(pods)
+        ]
         report: list[dict[str, Any]] = []
         for rule in active:
             cap = capacity(
@@ -124,7 +130,15 @@ class BurstSync:
             nodes: list[dict[str, Any]] = []
             for view in (v for v in views if rule.selects(v.labels)):
                 nodes.append(
-                    self._node(rule, view, cap, last.get((rule.name, view.name)), last_return, now, fence)
+                    self._node(
+                        rule,
+                        view,
+                        cap,
+                        (last.get((rule.name, view.name)), last_return),
+                        (pods, claims),
+                        now,
+                        fence,
+                    )
                 )
             report.append(
                 {"rule": rule.name, "short": short(cap, rule), "capacity": cap.evidence(), "nodes": nodes}
@@ -149,11 +163,16 @@ class BurstSync:
         rule: CapacityRule,
         view: NodeView,
         cap: Capacity,
-        row: BurstTransition | None,
-        last_return: datetime | None,
+        recorded: tuple[BurstTransition | None, datetime | None],
+        cluster: tuple[list[PodFacts], list[int]],
         now: datetime,
         fence: Fence,
     ) -> dict[str, Any]:
+        """One burst node: decide and toggle, then send one pod back if it is closed; its report.
+        ``recorded``: its latest transition and the latest return; ``cluster``: the GPU pods and
+        the GPUs of the pods sent back whose replacement is not seen yet."""
+        row, last_return = recorded
+        pods, claims = cluster
         key = (rule.name, view.name)
         tainted = any(t[0] == self.port.taint_key for t in view.taints)
         seen = BurstState.CLOSED if tainted else BurstState.OPEN
@@ -187,17 +206,6 @@ class BurstSync:
         except KubernetesError as exc:
             log.warning("burst: pods on %s not listed: %s", view.name, exc)
             on_node = []
-        here = {p.uid for p in on_node}
-        self.sent = {
-            uid: (gpus, at)
-            for uid, (gpus, at) in self.sent.items()
-            if uid in here or (now - at).total_seconds() < 3600
-        }
-        claims = [
-            gpus
-            for uid, (gpus, at) in self.sent.items()
-            if uid in here or (now - at).total_seconds() < CLAIM_SECONDS
-        ]
         on_node = [p for p in on_node if p.uid not in self.sent]
         plan = plan_returns(
             on_node, cap.free_by_node, taint=(self.port.taint_key, rule.name, EFFECT), claims=claims
@@ -205,7 +213,7 @@ class BurstSync:
         waiting = ""
         closed = kept.state is BurstState.CLOSED and (tainted or not acting)
         if closed:
-            waiting = self._return(rule, view.name, plan, cap, last_return, now, fence)
+            waiting = self._return(rule, view.name, plan, cap, (last_return, pods), now, fence)
             self._log_stuck(rule, view.name, plan)
         return {
             "node": view.name,
@@ -276,12 +284,13 @@ class BurstSync:
         node: str,
         plan: ReturnPlan,
         cap: Capacity,
-        last_return: datetime | None,
+        seen: tuple[datetime | None, list[PodFacts]],
         now: datetime,
         fence: Fence,
     ) -> str:
         """Send back at most one pod of ``plan`` if the pace allows; returns what the returns wait
-        for ("": nothing)."""
+        for ("": nothing). ``seen``: the latest recorded return, and the GPU pods now."""
+        last_return, pods = seen
         if not plan.back:
             return ""
         if cap.pending_gpu_pods:
@@ -302,7 +311,8 @@ class BurstSync:
             "dry_run": ActionStatus.DRY_RUN,
         }
         self.last_return[rule.name] = now
-        self.sent[pod.uid] = (pod.gpus, now)
+        siblings = frozenset(p.uid for p in pods if pod.owner_uid and p.owner_uid == pod.owner_uid)
+        self.sent[pod.uid] = Claim(pod.uid, pod.gpus, now, pod.owner_uid, siblings)
         with transaction(self.sessions) as session:
             fence.check_db(session)
             repo.record_action(

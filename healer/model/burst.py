@@ -45,7 +45,8 @@ class PodFacts:
 
     ``gpus``: the sum of its containers' ``nvidia.com/gpu`` requests (limits when no request: an
     extended resource's request defaults to its limit). ``owner_kind``: the kind of its controller
-    (``ReplicaSet``, ``Job``, ``DaemonSet``; "" when it has none). ``phase``: ``status.phase``.
+    (``ReplicaSet``, ``Job``, ``DaemonSet``; "" when it has none), ``owner_uid`` its uid.
+    ``phase``: ``status.phase``.
     """
 
     namespace: str
@@ -56,6 +57,7 @@ class PodFacts:
     gpus: int = 0
     terminating: bool = False
     owner_kind: str = ""
+    owner_uid: str = ""
     mirror: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
@@ -134,3 +136,22 @@ class BurstDecision:
     toggle: BurstState | None = None
     act: bool = False
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A pod sent back off a burst node whose replacement may not be placed yet: its GPUs are
+    spoken for until a new pod of the same controller shows up (bound: counted; pending: returns
+    wait) or ``at`` is long past. ``siblings``: the uids of that controller's GPU pods when it left."""
+
+    uid: str
+    gpus: int
+    at: datetime
+    owner_uid: str
+    siblings: frozenset[str] = frozenset()
+
+    def replaced(self, pods: list[PodFacts]) -> bool:
+        """A pod of the same controller that was not there when this one left exists now."""
+        return bool(self.owner_uid) and any(
+            p.owner_uid == self.owner_uid and p.uid not in self.siblings and p.uid != self.uid for p in pods
+        )
