@@ -4,6 +4,7 @@ on free GPUs held for the hold, flapping toggles nothing, a human's taint change
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from healer.engine.capacity import capacity, plan_returns
 from healer.model.burst import BurstMemory, BurstState, Capacity, PodFacts, Toleration
 from healer.model.node import NodeView
 from healer.ruleset.capacity import CapacityRule
+from healer.ruleset.loading import load_ruleset, validate_rules
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RULE = CapacityRule.model_validate(
@@ -192,3 +194,39 @@ def test_tolerations_follow_the_kubernetes_rule() -> None:
     assert Toleration(key="healer.dev/burst", value="overflow", effect="NoSchedule").tolerates(*TAINT)
     assert not Toleration(key="healer.dev/burst", value="other").tolerates(*TAINT)
     assert not Toleration(key="healer.dev/burst", operator="Exists", effect="NoExecute").tolerates(*TAINT)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_example_loads_disabled() -> None:
+    ruleset = load_ruleset([REPO / "rules" / "examples" / "burst-capacity.yaml"], promtool=False)
+    (rule,) = ruleset.capacity
+    assert (rule.name, rule.enabled, rule.burst_nodes) == (
+        "inference-overflow",
+        False,
+        {"type": "virtual-kubelet"},
+    )
+    assert (rule.open.for_, rule.close.hold, rule.return_.pods_per_minute) == (60.0, 600.0, 6.0)
+
+
+def test_capacity_rule_problems_name_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "burst.yaml"
+    path.write_text(
+        "capacity:\n"
+        "  - name: overflow\n"
+        "    burst_nodes: {type: virtual-kubelet}\n"
+        "    open: {pending_gpu_pods: 0}\n"
+        "    close: {hold: 10 minutes, free_gpu: 2}\n"
+        "  - name: overflow\n"
+        "    burst_nodes: {}\n"
+    )
+    problems = [str(p).replace(str(path), "F") for p in validate_rules([path], promtool=False).problems]
+    assert problems == [
+        "F:4:5: capacity[0].open: open needs at least one signal: pending_gpu_pods, kueue_pending_workloads "
+        "or free_gpus_below",
+        "F:5:13: capacity[0].close.hold: not a Prometheus duration: '10 minutes' (use e.g. 30s, 5m, 1h30m)",
+        "F:5:31: capacity[0].close.free_gpu: unknown key 'free_gpu' (did you mean 'free_gpus_at_least'?)",
+        "F:6:5: capacity[1].name: duplicate capacity rule name 'overflow': also defined at F:2:5",
+        "F:7:5: capacity[1].burst_nodes: must not be empty",
+    ]
