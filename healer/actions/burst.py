@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from healer.actions import drain as drain_mod
 from healer.actions import rawcalls
 from healer.actions.apierrors import api_call
+from healer.actions.drain import read_budgets
 from healer.actions.kubernetes import STRATEGIC_MERGE, node_view
 from healer.actions.pod_watch import BudgetWatch, PodWatch
 from healer.errors import KubernetesConflict
@@ -230,7 +231,7 @@ class KubernetesBurst:
         v1 = k8s.V1Pod(
             metadata=k8s.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid, labels=pod.labels)
         )
-        budgets = drain_mod.read_budgets(
+        budgets = read_budgets(
             self.policy, [v1], request_timeout=self._timeout, budget_watch=self.budget_watch
         )
         if not budgets.may_post(v1):
