@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from healer.actions.burst import pod_facts
+from healer.actions.kueue import workload_pending
 from healer.engine.burst import step
 from healer.engine.capacity import capacity, plan_returns
 from healer.model.burst import BurstMemory, BurstState, Capacity, PodFacts, Toleration
@@ -230,3 +232,40 @@ def test_capacity_rule_problems_name_file_line_and_field(tmp_path: Path) -> None
         "F:6:5: capacity[1].name: duplicate capacity rule name 'overflow': also defined at F:2:5",
         "F:7:5: capacity[1].burst_nodes: must not be empty",
     ]
+
+
+def test_a_kueue_workload_is_pending_until_admitted_or_finished() -> None:
+    assert workload_pending({"status": {"conditions": [{"type": "QuotaReserved", "status": "False"}]}})
+    assert not workload_pending({"status": {"admission": {"clusterQueue": "team"}}})
+    assert not workload_pending({"status": {"conditions": [{"type": "Finished", "status": "True"}]}})
+
+
+def test_pod_facts_read_requests_limits_owner_and_tolerations() -> None:
+    facts = pod_facts(
+        {
+            "metadata": {
+                "namespace": "ml",
+                "name": "infer-0",
+                "uid": "u1",
+                "ownerReferences": [{"kind": "ReplicaSet", "uid": "rs1", "controller": True}],
+            },
+            "spec": {
+                "nodeName": "vk-0",
+                "containers": [
+                    {"resources": {"limits": {"nvidia.com/gpu": "2"}}},
+                    {"resources": {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}},
+                ],
+                "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+            },
+            "status": {"phase": "Running"},
+        }
+    )
+    assert (facts.key, facts.gpus, facts.owner_kind, facts.owner_uid, facts.node) == (
+        "ml/infer-0",
+        3,
+        "ReplicaSet",
+        "rs1",
+        "vk-0",
+    )
+    assert facts.tolerates("virtual-kubelet.io/provider", "mock", "NoSchedule")
+    assert not facts.tolerates(*TAINT)
