@@ -87,6 +87,7 @@ class BurstSync:
     #: shows up (:class:`~healer.model.burst.Claim`, at most :data:`CLAIM_SECONDS`).
     sent: dict[str, Claim] = field(default_factory=dict)
     _stuck_logged: set[str] = field(default_factory=set)
+    _kueue_error: str = ""
 
     def run(self, rules: Sequence[CapacityRule], now: datetime, *, fence: Fence | None = None) -> None:
         """One run at ``now`` over the capacity ``rules`` (disabled ones are only burst nodes).
@@ -153,10 +154,14 @@ class BurstSync:
         if self.kueue_pending is None or not any(r.open.kueue_pending_workloads for r in rules):
             return None
         try:
-            return self.kueue_pending()
+            pending = self.kueue_pending()
         except KubernetesError as exc:
-            log.warning("burst: Kueue workloads not read (that signal counts 0 this run): %s", exc)
+            if str(exc) != self._kueue_error:  # said once, not every run
+                log.warning("burst: Kueue workloads not read (that signal counts 0): %s", exc)
+            self._kueue_error = str(exc)
             return None
+        self._kueue_error = ""
+        return pending
 
     def _node(
         self,
