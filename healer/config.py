@@ -239,6 +239,9 @@ class SchedulerSettings(_Group):
     default_interval_seconds: float = Field(30.0, gt=0, description="Tick interval for groups without one.")
     outbox_interval_seconds: float = Field(5.0, gt=0, description="Ticket delivery job period.")
     drain_interval_seconds: float = Field(10.0, gt=0, description="Drain progress job period.")
+    burst_interval_seconds: float = Field(
+        5.0, gt=0, description="Capacity rules' burst job period (toggles and at most one pod back a run)."
+    )
     retention_days: int = Field(90, ge=1, description="Evaluations and closed incidents older are pruned.")
 
 

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,6 +30,7 @@ from healer.clock import utc_now
 from healer.model.blind_spots import BlindReport
 from healer.model.findings import UnresolvedSeries
 from healer.model.states import FindingState, NodeState, OutboxStatus, RuleHealth
+from healer.store import burst as burst_store
 from healer.store import nodes as repo
 from healer.store import parts
 from healer.store.models import Finding, Incident, Node, OutboxMessage
@@ -238,6 +239,7 @@ class DatabaseCollector(Collector):
             with self._session_factory() as session:
                 families = list(_state_families(session))
                 families += list(_ledger_families(session, utc_now()))
+                families += list(_burst_families(session))
         except SQLAlchemyError:
             up.add_metric([], 0.0)
             yield up
@@ -366,6 +368,44 @@ def _blind_spot_families(session: Session) -> Iterable[Metric]:
     )
     when.add_metric([], report.observed_at.timestamp())
     yield when
+
+
+def _burst_families(session: Session) -> Iterable[Metric]:
+    """The burst nodes as the burst job last observed them (the ``burst`` switch) and the pods it
+    sent back (:mod:`healer.store.burst`)."""
+    observed = repo.get_switch(session, burst_store.SWITCH_BURST)
+    rules = observed.get("rules") or []
+    returned = burst_store.returned(session)
+    if not rules and not returned:
+        return
+    is_open = GaugeMetricFamily(
+        "healer_burst_open",
+        "1 while a burst node is open (healer's burst taint off), 0 closed.",
+        labels=["rule", "node"],
+    )
+    pods = GaugeMetricFamily(
+        "healer_burst_pods", "Pods on a burst node (out of the cluster).", labels=["rule", "node"]
+    )
+    stuck = GaugeMetricFamily(
+        "healer_burst_pods_stuck",
+        "Pods on a closed burst node that cannot come back (no in-cluster GPUs for them).",
+        labels=["rule", "node"],
+    )
+    for rule in rules:
+        for node in rule.get("nodes") or []:
+            labels = [str(rule.get("rule", "")), str(node.get("node", ""))]
+            is_open.add_metric(labels, 1.0 if node.get("state") == "open" else 0.0)
+            pods.add_metric(labels, float(len(node.get("out") or [])))
+            no_room = [w for w in (node.get("stay") or {}).values() if str(w).startswith("no capacity")]
+            stuck.add_metric(labels, float(len(no_room)))
+    back = CounterMetricFamily(
+        "healer_burst_pods_returned",
+        "Pods evicted off a closed burst node back into the cluster.",
+        labels=["rule", "node"],
+    )
+    for (rule_name, node_name), count in sorted(returned.items()):
+        back.add_metric([rule_name, node_name], float(count))
+    yield from (is_open, pods, stuck, back)
 
 
 def _state_families(session: Session) -> Iterable[Metric]:

@@ -11,6 +11,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
     address_lookup      the cluster's Node and exporter pod names and addresses (a series' node)
     gpu_isolation       single GPUs out (DRA DeviceTaintRule or node annotation), or its recorder
     quota_sync          the Kueue quota sync (``kueue.enabled``), or its dry-run recorder
+    burst_sync          the capacity rules' burst job (its port, or its dry-run recorder)
     dashboard           the FastAPI app with its chart source, metrics and clock
     build_process       the controller and its dashboard (``healer run``, the demo)
 """
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from healer.actions.pod_watch import BudgetWatch, PodWatch
     from healer.actions.validation import Validator
     from healer.controller import Controller
+    from healer.controller.burst import BurstSync
     from healer.controller.gpu_isolation import GpuIsolationSync
     from healer.controller.quota_sync import QuotaSync
     from healer.metrics import HealerMetrics
@@ -285,6 +287,40 @@ def quota_sync(
     )
 
 
+def burst_sync(
+    settings: Settings,
+    api_client: ApiClient,
+    sessions: sessionmaker[Session],
+    cluster: KubernetesNodeActions,
+    *,
+    pod_watch: PodWatch | None = None,
+    budget_watch: BudgetWatch | None = None,
+) -> BurstSync:
+    """The capacity rules' burst job (it does nothing while no capacity rule is enabled); with
+    ``safety.dry_run`` it records the toggles and returns it would make and changes nothing.
+    Pods and PodDisruptionBudgets come from the watches when given (else a list each read)."""
+    from healer.actions.burst import DryRunBurst, KubernetesBurst
+    from healer.actions.kueue import KueueQuotas
+    from healer.controller.burst import BurstSync
+
+    timeout = settings.kubernetes.request_timeout_seconds
+    real = KubernetesBurst(
+        api_client,
+        domain=settings.kubernetes.domain,
+        request_timeout=timeout,
+        pod_watch=pod_watch,
+        budget_watch=budget_watch,
+    )
+    kueue = KueueQuotas(api_client, request_timeout=timeout)
+    return BurstSync(
+        port=DryRunBurst(real) if settings.safety.dry_run else real,
+        nodes=cluster.list_nodes,
+        sessions=sessions,
+        domain=settings.kubernetes.domain,
+        kueue_pending=kueue.pending_workloads,
+    )
+
+
 def gpu_isolation(
     settings: Settings,
     api_client: ApiClient,
@@ -420,6 +456,9 @@ def build_process(
         validator=validation_jobs(settings, api_client, actions),
         quota_sync=quota_sync(settings, api_client, sessions, cluster, isolating.isolation, metrics),
         gpu_isolation=isolating,
+        burst=burst_sync(
+            settings, api_client, sessions, cluster, pod_watch=pod_watch, budget_watch=budget_watch
+        ),
     )
     app = dashboard(
         settings,

@@ -194,6 +194,15 @@ def list_rules(session: SessionDep, now: NowDep, ruleset: RuleSetDep, prometheus
     return with_inputs(page, check_inputs(prometheus, ruleset, now=now))
 
 
+@router.get("/burst", summary="Burst nodes")
+def burst(session: SessionDep) -> dict[str, object]:
+    """Each capacity rule's burst nodes as last observed (state, pods out, pods that stay and why,
+    the capacity numbers), the latest toggles with their evidence, and the latest pods sent back."""
+    from api.burst_view import burst_page
+
+    return burst_page(session).as_json()
+
+
 @router.get("/parts", summary="Parts ledger")
 def parts_ledger(
     session: SessionDep,

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import charts, operator, parts_view, queries
+from api import burst_view, charts, operator, parts_view, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
 from api.deps import (
     FleetQueryDep,
@@ -233,6 +233,13 @@ def parts_page(
     return render(
         request, "parts.html", {"p": parts_view.parts_page(session, now=now, days=days), "now": now}
     )
+
+
+@router.get("/burst")
+def burst_page(request: Request, session: SessionDep, now: NowDep, _who: IdentityDep) -> Response:
+    """The burst: each capacity rule's burst nodes, open or closed, the pods out and those that
+    cannot come back, and the history of toggles and returns."""
+    return render(request, "burst.html", {"b": burst_view.burst_page(session), "now": now})
 
 
 @router.get("/rules")

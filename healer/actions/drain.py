@@ -359,6 +359,13 @@ def _outcome(exc: KubernetesError) -> tuple[Outcome, str]:
     return Outcome.ERROR, str(exc)[:300]
 
 
+def evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
+    """One pod through the Eviction API (``uid`` precondition; ``grace`` seconds, -1 = the pod's
+    own), answered as an :class:`Outcome` and a message (see the module docstring); never raises
+    for an answer of the API server."""
+    return _evict(core, pod, grace, request_timeout)
+
+
 def _evict(core: k8s.CoreV1Api, pod: k8s.V1Pod, grace: int, request_timeout: float) -> tuple[Outcome, str]:
     meta = metadata_of(pod)
     name, namespace = str(meta.name), str(meta.namespace)

@@ -81,6 +81,16 @@ def quotas_of(groups: list[dict[str, Any]], resource: str) -> dict[str, int | No
     return out
 
 
+def workload_pending(workload: Mapping[str, Any]) -> bool:
+    """A Kueue Workload waits for admission: no ``status.admission`` and no ``Finished`` condition
+    that is ``True`` (Kueue's Workload API, ``status.admission`` and ``status.conditions``)."""
+    status = workload.get("status") or {}
+    finished = any(
+        c.get("type") == "Finished" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    return not status.get("admission") and not finished
+
+
 def _whole(value: object) -> int | None:
     try:
         quantity = parse_quantity(value)
@@ -174,6 +184,23 @@ class KueueQuotas:
             resource_groups=groups,
             quotas=quotas_of(groups, self.resource),
         )
+
+    def pending_workloads(self) -> int:
+        """Kueue Workloads waiting for admission in every namespace (no ``status.admission`` and not
+        ``Finished``): the training demand a capacity rule may read (one list call).
+
+        Raises:
+            KubernetesNotFound: Kueue is not served. KubernetesError: the list failed.
+        """
+        version = self.version()
+        with api_call("list Kueue workloads"):
+            body = cast(
+                dict[str, Any],
+                self.custom.list_cluster_custom_object(
+                    GROUP, version, "workloads", _request_timeout=self._timeout
+                ),
+            )
+        return sum(1 for w in body.get("items") or [] if workload_pending(w))
 
     def apply(self, queue: ClusterQueueQuotas, quotas: Mapping[str, int]) -> ClusterQueueQuotas:
         """Set ``resource``'s quota per flavor in ``quotas`` by server-side apply (see the module

@@ -101,9 +101,11 @@ def _summary(v: Validation) -> str:
     assert rs is not None
     n_files = len(v.files)
     records = f" and {len(rs.records)} recording rule{'s' * (len(rs.records) != 1)}" if rs.records else ""
+    n_cap = len(rs.capacity)
+    capacity = f", {n_cap} capacity rule{'s' * (n_cap != 1)}" if n_cap else ""
     return (
         f"{len(rs.rules)} rule{'s' * (len(rs.rules) != 1)}{records} in {len(rs.groups)} "
-        f"group{'s' * (len(rs.groups) != 1)} from {n_files} file{'s' * (n_files != 1)}"
+        f"group{'s' * (len(rs.groups) != 1)}{capacity} from {n_files} file{'s' * (n_files != 1)}"
     )
 
 

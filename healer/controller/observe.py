@@ -76,12 +76,27 @@ class Labels:
     opt_out_label: str
     pool_label: str
     pool_fallback_labels: tuple[str, ...] = ()
+    #: (capacity rule, its burst nodes' labels): nodes no health rule quarantines or tickets.
+    burst_nodes: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
 
     def pool(self, view: NodeView | None) -> str:
         """The node's pool (:func:`~healer.model.node.pool_of`); ``default`` when not read."""
         if view is None:
             return DEFAULT_POOL
         return pool_of(view.labels, view.gpus, pool_labels=(self.pool_label, *self.pool_fallback_labels))
+
+    def burst_rule(self, view: NodeView | None) -> str:
+        """The capacity rule whose burst node ``view`` is ("" when none, or not read)."""
+        if view is None:
+            return ""
+        return next(
+            (
+                rule
+                for rule, selector in self.burst_nodes
+                if all(view.labels.get(k) == v for k, v in selector)
+            ),
+            "",
+        )
 
     def opted_out(self, view: NodeView | None) -> bool:
         return view is not None and view.labels.get(self.opt_out_label, "").lower() == "true"

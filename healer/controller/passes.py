@@ -88,6 +88,7 @@ def _reconciler(
             opt_out_label=k.opt_out_label,
             pool_label=k.pool_label,
             pool_fallback_labels=tuple(k.pool_fallback_labels),
+            burst_nodes=tuple((c.name, tuple(sorted(c.burst_nodes.items()))) for c in rules.capacity),
         ),
         now=now,
         actor=actor,

@@ -510,6 +510,7 @@ class Reconciler:
             kind=step.kind,
             pool=obs.node.pool,
             opted_out=self.labels.opted_out(view),
+            burst_rule=self.labels.burst_rule(view),
             already_out=step.already_out or obs.node.state in OUT_OF_SERVICE,
             pools=pools,
         )

@@ -13,6 +13,8 @@ Jobs (APScheduler, each one at a time, ``coalesce=True`` so a slow run is not st
 * **rules**   every 2 s: reload rule files that changed (SIGHUP reloads at once).
 * **kueue**   every ``kueue.interval_seconds`` when ``kueue.enabled``: the ClusterQueues' GPU
   quota follows healthy capacity (:mod:`healer.controller.quota_sync`).
+* **burst**   every ``scheduler.burst_interval_seconds``: capacity rules open and close their burst
+  nodes and send pods back at their pace (:mod:`healer.controller.burst`); nothing without one.
 * **retention** hourly: prune rule evaluations and closed incidents' rows older than
   ``scheduler.retention_days``.
 
@@ -46,6 +48,7 @@ from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
 from healer.controller import ownership
 from healer.controller.backoff import Backoff
+from healer.controller.burst import BurstSync
 from healer.controller.fence import Fence, claim
 from healer.controller.gpu_isolation import GpuIsolationSync
 from healer.controller.passes import RemediationResult, advance_drains, remediate
@@ -173,6 +176,8 @@ class Controller:
     quota_sync: QuotaSync | None = None
     #: Takes single GPUs out for rules with ``quarantine: {scope: gpu}`` (each tick); None: off.
     gpu_isolation: GpuIsolationSync | None = None
+    #: The capacity rules' burst job, run by its own job; None: off.
+    burst: BurstSync | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     #: This replica's own clock for leader election (client-go times the Lease's observed changes
@@ -506,6 +511,18 @@ class Controller:
             except NotLeader as exc:
                 log.warning("stopped mid quota sync, nothing more written: %s", exc)
 
+    def bursts(self) -> None:
+        """Capacity rules: open or close their burst nodes, and send pods back (leader only; its own
+        job, beside the tick; it takes the tick's lock only for its writes' ordering)."""
+        capacity = self.rules.ruleset.capacity
+        if self.burst is None or not capacity or not self.is_leader():
+            return
+        with self._lock:
+            try:
+                self.burst.run(capacity, self.clock(), fence=self.fence())
+            except NotLeader as exc:
+                log.warning("stopped mid burst run, nothing more written: %s", exc)
+
     def outbox(self) -> None:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
         if not self.is_leader():
@@ -564,6 +581,7 @@ class Controller:
             (self.reload_rules, 2.0),
             (self.retention, 3600.0),
             (self.blind_spots, s.safety.coverage_refresh_seconds),
+            (self.bursts, s.scheduler.burst_interval_seconds),
         ]
         if self.quota_sync is not None:
             jobs.append((self.kueue, s.kueue.interval_seconds))

@@ -6,6 +6,7 @@ A step is judged by :data:`CHECKS`, in order; the first check that applies refus
 reason                step kinds it refuses           when                                   outcome
 ====================  ==============================  =====================================  =======
 ``opt-out``           every step that touches a node  the node carries the opt-out label     hold
+``burst-node``        every step that touches a node  a capacity rule's burst node           hold
 ``paused``            quarantine, drain, ticket       an operator paused healer              hold
 ``maintenance``       quarantine, drain               a maintenance window of the pool       hold
 ``breaker``           new quarantine                  the circuit breaker is tripped         blocked
@@ -61,6 +62,7 @@ class Refusal(StrEnum):
     """Why a step was refused (the ``actions.error`` of a refused action)."""
 
     OPT_OUT = "opt-out"
+    BURST_NODE = "burst-node"
     PAUSED = "paused"
     MAINTENANCE = "maintenance"
     BREAKER = "breaker"
@@ -75,6 +77,8 @@ class Request:
     kind: StepKind
     pool: str = "default"
     opted_out: bool = False
+    #: The capacity rule whose burst node this is ("" when it is none): never a health rule's.
+    burst_rule: str = ""
     already_out: bool = False  # the node already counts against its pool (no new budget slot)
     pools: tuple[str, ...] = ()  # the rule pools the step counts against; empty = (pool,)
 
@@ -207,6 +211,16 @@ CHECKS: tuple[Check, ...] = (
         Refusal.OPT_OUT,
         _TOUCHING,
         lambda r, s: "the node carries the opt-out label: never touched" if r.opted_out else None,
+        blocks=False,
+    ),
+    Check(
+        Refusal.BURST_NODE,
+        _TOUCHING,
+        lambda r, s: (
+            f"a burst node of capacity rule {r.burst_rule}: health rules never quarantine, drain or ticket it"
+            if r.burst_rule
+            else None
+        ),
         blocks=False,
     ),
     Check(

@@ -61,6 +61,7 @@ from ruamel.yaml.scalarstring import (
 )
 
 from healer.errors import RuleError
+from healer.ruleset.capacity import CAPACITY_MODELS, CapacityRule
 from healer.ruleset.device_filter import ALL_DEVICES, DeviceFilter, DeviceMatcherConflict, apply_device_filter
 from healer.ruleset.export import DIGEST_ANNOTATION, prometheus_rule_file, rule_digest
 from healer.ruleset.output_labels import NodeBlind, node_blind
@@ -267,6 +268,7 @@ def validate_rules(
             warnings.extend(_stale_digests(p, p.prometheus))
 
     origins = _check_duplicates(parsed_ok, problems)
+    _check_capacity_names(parsed_ok, problems)
     _check_pool_names(parsed_ok, problems)
     unfiltered: list[RuleProblem] = []
     for p in parsed_ok:
@@ -301,7 +303,8 @@ def validate_rules(
     ruleset = None
     if not problems:
         groups = tuple(g for p in parsed_ok if p.model is not None for g in p.model.groups)
-        ruleset = RuleSet(groups=groups, sources=tuple(files))
+        capacity = tuple(c for p in parsed_ok if p.model is not None for c in p.model.capacity)
+        ruleset = RuleSet(groups=groups, sources=tuple(files), capacity=capacity)
     return Validation(
         files=tuple(files),
         problems=tuple(problems),
@@ -599,6 +602,10 @@ def _model_at(loc: Sequence[int | str]) -> type[BaseModel] | None:
         return RecordingRule
     if len(names) == 4 and names[:3] == ["groups", "rules", "actions"]:
         return _ACTION_MODELS.get(names[3])
+    if names == ["capacity"]:
+        return CapacityRule
+    if len(names) == 2 and names[0] == "capacity":
+        return CAPACITY_MODELS.get(names[1])
     return None
 
 
@@ -675,6 +682,33 @@ def _raw_rules(parsed: _Parsed) -> Iterator[tuple[CommentedMap, str]]:
                 if isinstance(rule, CommentedMap):
                     line, col = rules.lc.item(j)
                     yield rule, f"{line + 1}:{col + 1}"
+
+
+def _check_capacity_names(parsed: Sequence[_Parsed], problems: list[RuleProblem]) -> None:
+    """Capacity rule names are unique across the set (each names its burst taint's value and its
+    recorded transitions)."""
+    seen: dict[str, RuleOrigin] = {}
+    for p in parsed:
+        rules = p.tree.get("capacity")
+        if not isinstance(rules, CommentedSeq):
+            continue
+        for i, rule in enumerate(rules):
+            name = rule.get("name") if isinstance(rule, CommentedMap) else None
+            if not isinstance(name, str):
+                continue
+            line, col = key_at(rule, "name")
+            here = RuleOrigin(p.path, line + 1, col + 1)
+            if name in seen:
+                problems.append(
+                    p.problem(
+                        here.line,
+                        here.column,
+                        f"capacity[{i}].name",
+                        f"duplicate capacity rule name {name!r}: also defined at {seen[name]}",
+                    )
+                )
+            else:
+                seen[name] = here
 
 
 def _check_duplicates(parsed: Sequence[_Parsed], problems: list[RuleProblem]) -> dict[str, RuleOrigin]:

@@ -46,11 +46,15 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from healer.model.drain import DrainOptions
+from healer.ruleset.capacity import CapacityRule
 from healer.ruleset.durations import format_duration, parse_duration
+from healer.ruleset.k8s_names import K8S_LABEL_VALUE as _K8S_LABEL_VALUE
+from healer.ruleset.k8s_names import selector_problems
 
 #: Labels tried in order to find the Kubernetes node name of a series (see reference/metrics.md):
 #: dcgm-exporter's ``Hostname`` (``hostname`` in newer sources), then common relabelings.
@@ -59,29 +63,7 @@ DEFAULT_NODE_LABELS = ("Hostname", "hostname", "node", "kubernetes_node", "noden
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 #: A Prometheus metric name (data model), as a recording rule's ``record`` must be.
 _METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
-#: A Kubernetes label value (apimachinery ``IsValidLabelValue``): at most 63 characters,
-#: alphanumerics and ``-_.``, starting and ending alphanumeric. Taint values are label values.
-_K8S_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
-
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
-
-#: A Kubernetes label key (apimachinery ``IsQualifiedName``): an optional DNS subdomain prefix of at
-#: most 253 characters and ``/``, then a name of at most 63 characters.
-_K8S_LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-def label_key_problem(key: str) -> str | None:
-    """Why ``key`` is not a Kubernetes label key (None when it is one)."""
-    prefix, _, name = key.rpartition("/")
-    if "/" in key and not _DNS_SUBDOMAIN.match(prefix):
-        return f"label key {key!r}: the prefix must be a DNS subdomain (lower case, at most 253 characters)"
-    if not _K8S_LABEL_NAME.match(name):
-        return (
-            f"label key {key!r}: the name must be at most 63 letters, digits, '-', '_' or '.', "
-            "starting and ending with a letter or digit"
-        )
-    return None
 
 
 class _Strict(BaseModel):
@@ -296,13 +278,7 @@ class PoolSpec(_Strict):
     @field_validator("node_selector")
     @classmethod
     def _selector_is_labels(cls, value: dict[str, str]) -> dict[str, str]:
-        problems = [p for key in value if (p := label_key_problem(key))]
-        problems += [
-            f"label value {v!r} of {k!r}: at most 63 letters, digits, '-', '_' or '.', starting and ending "
-            "with a letter or digit"
-            for k, v in value.items()
-            if not _K8S_LABEL_VALUE.match(v)
-        ]
+        problems = selector_problems(value)
         if problems:
             raise ValueError("; ".join(problems))
         return value
@@ -492,10 +468,35 @@ class RuleGroup(_Strict):
         return value
 
 
-class RuleFile(_Strict):
-    """The top level of one YAML rule file."""
+#: ``groups`` absent from a file without capacity rules (reported as a missing key).
+_MISSING = object()
 
-    groups: list[RuleGroup] = Field(..., min_length=1)
+
+class RuleFile(_Strict):
+    """The top level of one YAML rule file: health rule ``groups``, ``capacity`` rules
+    (:mod:`healer.ruleset.capacity`), or both."""
+
+    groups: list[RuleGroup] = Field(default_factory=list)
+    capacity: list[CapacityRule] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _groups_or_capacity(cls, data: Any) -> Any:
+        # No capacity key: `groups` is required (and must not be empty), as it always was.
+        if isinstance(data, dict) and not data.get("capacity") and not data.get("groups"):
+            data = {**data, "groups": data.get("groups", _MISSING)}
+        return data
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _not_missing(cls, value: Any) -> Any:
+        if value is _MISSING:
+            raise PydanticCustomError("missing", "Field required")
+        if value == []:
+            raise PydanticCustomError(
+                "too_short", "List should have at least 1 item after validation, not 0", {"min_length": 1}
+            )
+        return value
 
 
 class RuleSet(_Strict):
@@ -503,6 +504,8 @@ class RuleSet(_Strict):
 
     groups: tuple[RuleGroup, ...]
     sources: tuple[str, ...] = ()
+    #: The capacity rules (burst nodes), from every file's ``capacity`` key.
+    capacity: tuple[CapacityRule, ...] = ()
 
     @property
     def rules(self) -> list[Rule]:

@@ -244,6 +244,32 @@ class Action(Base):
     )
 
 
+class BurstTransition(Base):
+    """A burst node opened or closed by a capacity rule (:mod:`healer.controller.burst`), not a
+    health lifecycle step: from, to, why, when, the capacity numbers it was decided on (evidence),
+    and what came of it (``status``: ``succeeded`` the taint changed, ``dry_run`` it would have,
+    ``failed``, or ``recorded``: nothing to change, a human's taint change seen or taken back)."""
+
+    __tablename__ = "burst_transitions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rule: Mapped[str] = mapped_column(String(63))
+    node: Mapped[str] = mapped_column(String(253))
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    by_hand: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any] | None]
+    at: Mapped[datetime]
+    holder: Mapped[str | None] = mapped_column(String(253), default=None)
+    fencing_token: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+    __table_args__ = (Index("ix_burst_transitions_rule_node_at", "rule", "node", "at"),)
+
+
 class Ticket(Base):
     """A replacement request to a provider; one per (incident, provider), keyed by ``idempotency_key``."""
 

@@ -216,3 +216,16 @@ class TestOperatorForms:
     def test_viewer_cannot_open_confirmation_pages(self, client: httpx.Client) -> None:
         assert client.get("/nodes/gpu-node-07/release").status_code == 403
         assert client.get("/controls/pause").status_code == 403
+
+
+def test_the_burst_page_without_capacity_rules_says_so(client: httpx.Client) -> None:
+    page = client.get("/burst")
+    assert page.status_code == 200
+    assert "No burst observed yet" in text_of(page)
+    assert 'href="/burst" aria-current="page"' in page.text
+    assert client.get("/api/v1/burst").json() == {
+        "observed_at": None,
+        "rules": [],
+        "history": [],
+        "returns": [],
+    }

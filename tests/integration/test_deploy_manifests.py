@@ -70,6 +70,7 @@ CLUSTER_PERMISSIONS = {
     ("policy", "poddisruptionbudgets", "list"),
     ("policy", "poddisruptionbudgets", "watch"),  # a drain waits on the budgets it is held by
     *(("kueue.x-k8s.io", "clusterqueues", verb) for verb in ("get", "list", "patch")),  # quota sync
+    ("kueue.x-k8s.io", "workloads", "list"),  # capacity rules: Kueue's pending workloads
     *(("resource.k8s.io", "devicetaintrules", verb) for verb in ("list", "create", "delete")),  # GPU out
 }
 LEASE_PERMISSIONS = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}

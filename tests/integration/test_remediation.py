@@ -19,6 +19,7 @@ from healer.config import KubernetesSettings
 from healer.controller.backoff import Backoff
 from healer.model.findings import TickFindings
 from healer.model.states import NodeState
+from healer.ruleset.capacity import CapacityRule
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, Ticket, Transition
 from healer.store.session import transaction
@@ -405,6 +406,20 @@ def test_opt_out_label_means_never_touched(harness: Harness) -> None:
     assert harness.state("gpu-99") == NodeState.SUSPECT  # the finding is still recorded
     refused = harness.actions_of("gpu-99", status="refused")
     assert [(a.kind, a.error) for a in refused] == [("quarantine", "opt-out")]
+
+
+def test_a_burst_node_is_never_quarantined_nor_ticketed(harness: Harness) -> None:
+    burst = CapacityRule.model_validate({"name": "overflow", "burst_nodes": {"type": "virtual-kubelet"}})
+    rules = harness.rules.model_copy(update={"capacity": (burst,)})
+    harness.emu.load([*fleet_nodes(10), node("vk-0", labels={POOL_LABEL: "a100", "type": "virtual-kubelet"})])
+    for minutes in (0, 1, 2):
+        harness.remediate(tick(T0 + timedelta(minutes=minutes), hot("vk-0")), rules=rules)
+    assert harness.cordoned() == []
+    assert harness.state("vk-0") == NodeState.SUSPECT  # the finding is still recorded
+    refused = harness.actions_of("vk-0", status="refused")
+    assert [(a.kind, a.error) for a in refused] == [("quarantine", "burst-node")]
+    with harness.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(Ticket)) == 0
 
 
 def test_pause_holds_quarantine_and_resume_lets_it_go(harness: Harness) -> None:

@@ -102,6 +102,13 @@ CASES = [
     ("opt-out: not even an Event", req(StepKind.NOTIFY, opted_out=True), state(), False, Refusal.OPT_OUT,
      False),
     ("opt-out: findings still recorded", req(StepKind.RECORD, opted_out=True), state(), True, None, False),
+    ("burst node: never quarantined", req(burst_rule="overflow"), state(), False, Refusal.BURST_NODE, False),
+    ("burst node: never drained", req(StepKind.DRAIN, burst_rule="overflow"), state(), False,
+     Refusal.BURST_NODE, False),
+    ("burst node: never ticketed", req(StepKind.TICKET, burst_rule="overflow"), state(), False,
+     Refusal.BURST_NODE, False),
+    ("burst node: findings still recorded", req(StepKind.RECORD, burst_rule="overflow"), state(), True, None,
+     False),
     ("opt-out wins over everything", req(opted_out=True), state(paused=True, breaker_tripped=True), False,
      Refusal.OPT_OUT, False),
 ]  # fmt: skip
