@@ -26,7 +26,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.prometheus import PrometheusSource
 from tests.integration.test_api_support import build_app, http_client
 from tests.prometheus_releases import PrometheusRelease
-from tests.services import ScrapeTarget, text_exporter, wait_until
+from tests.services import PrometheusServer, ScrapeTarget, text_exporter, wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -61,19 +61,26 @@ class Evaluated:
     factory: sessionmaker[Session]
 
 
-@pytest.fixture
-def evaluated(prometheus3: PrometheusRelease, session_factory: sessionmaker[Session]) -> Iterator[Evaluated]:
+@pytest.fixture(scope="module")
+def prometheus(prometheus3: PrometheusRelease) -> Iterator[PrometheusServer]:
+    """Prometheus 3 scraping the exporter of :data:`EXPOSITION`, once it holds its series."""
     with text_exporter(lambda: EXPOSITION) as address, prometheus3.server([ScrapeTarget(address)]) as prom:
         wait_until(lambda: prom.query(f'{{"{METRIC}"}}'), timeout=30, what=f"{METRIC} scraped")
-        with PrometheusSource(prom.url, timeout_seconds=10) as source:
-            result = run_detection(
-                ruleset=RULESET,
-                source=source,
-                session_factory=session_factory,
-                state=initial_state(session_factory),
-                now=datetime.now(UTC),
-            )
-        yield Evaluated(result=result, factory=session_factory)
+        yield prom
+
+
+@pytest.fixture
+def evaluated(prometheus: PrometheusServer, session_factory: sessionmaker[Session]) -> Evaluated:
+    """One healer tick of :data:`RULESET` in query mode, recorded into ``session_factory``'s database."""
+    with PrometheusSource(prometheus.url, timeout_seconds=10) as source:
+        result = run_detection(
+            ruleset=RULESET,
+            source=source,
+            session_factory=session_factory,
+            state=initial_state(session_factory),
+            now=datetime.now(UTC),
+        )
+    return Evaluated(result=result, factory=session_factory)
 
 
 def test_a_rule_on_utf8_names_finds_the_node_and_keeps_its_labels(evaluated: Evaluated) -> None:
@@ -100,10 +107,8 @@ def test_the_dashboard_shows_utf8_labels_escaped(evaluated: Evaluated) -> None:
             answer = client.get(page)
             assert answer.status_code == 200, (page, answer.text)
             assert "<b>" not in answer.text, page
-        # The rule's quoted names are shown as written, escaped.
-        assert html.escape(RULE.expr, quote=False) in html.unescape(client.get("/rules").text) or (
-            RULE.expr in html.unescape(client.get("/rules").text)
-        )
+        # The rule's quoted names are shown as written (Jinja escapes `"` as &#34;).
+        assert html.escape(RULE.expr, quote=True).replace("&quot;", "&#34;") in client.get("/rules").text
         findings = client.get("/api/v1/findings").json()
         (row,) = [f for f in findings["items"] if f["rule"] == "GpuTooHotUtf8"]
         assert row["labels"][RACK] == HOT_RACK
