@@ -155,6 +155,7 @@ def start_engine(
     prometheus_args: Sequence[str] = (),
     targets: int = 0,
     metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
+    prometheus_binary: str | None = None,
 ) -> Engine:
     """Start ``engine`` (``prometheus`` or ``victoria-metrics``) scraping ``file_sd`` every
     ``scrape_interval`` seconds and evaluating ``rule_file`` (groups without an interval every
@@ -164,7 +165,8 @@ def start_engine(
     :data:`VM_ARGS`; vmalert evaluates the rules against it (:mod:`healer_dev.vmalert`), started
     once ``targets`` targets are up, so its first evaluation (at its start) sees the whole fleet
     (``Engine.evaluates_full_fleet_first``). ``metric_relabel_configs`` goes into the scrape job
-    (both engines read Prometheus's format), e.g. :func:`pack_keep_list`.
+    (both engines read Prometheus's format), e.g. :func:`pack_keep_list`. ``prometheus_binary``:
+    the ``prometheus`` to run (default Debian's on PATH), with ``prometheus_args`` added.
     """
     if engine == "victoria-metrics":
         vm = stack.enter_context(
@@ -194,7 +196,7 @@ def start_engine(
             pid=vm.process.pid,
             evaluates_full_fleet_first=True,
         )
-    prometheus = shutil.which("prometheus")
+    prometheus = prometheus_binary or shutil.which("prometheus")
     if not prometheus:
         raise SystemExit("needs `prometheus` (Debian package) on PATH")
     config: dict[str, Any] = {

@@ -1,11 +1,13 @@
 """A real Prometheus server process, for the demo, the benchmarks and the tests.
 
-Uses the ``prometheus`` binary on PATH (Debian package ``prometheus``).
+Uses the ``prometheus`` binary on PATH (Debian package ``prometheus``, 2.42 on Debian 12) unless
+given another (the tests' Prometheus 3, ``tests/prometheus3/build.sh``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -24,7 +26,9 @@ __all__ = [
     "PrometheusServer",
     "ScrapeTarget",
     "free_port",
+    "prometheus3_bindir",
     "prometheus_server",
+    "prometheus_version",
     "scrape_configs",
     "stop_process",
     "wait_until",
@@ -50,6 +54,35 @@ def wait_until(
 
 
 # --- Prometheus -------------------------------------------------------------------------------
+
+#: Builds Prometheus 3's ``prometheus`` and ``promtool`` from the Go module and prints their
+#: directory (``--dir``: only print it).
+PROMETHEUS3_BUILD = Path(__file__).resolve().parents[1] / "tests" / "prometheus3" / "build.sh"
+
+
+def prometheus3_bindir(*, build: bool = False) -> Path | None:
+    """The directory holding ``prometheus`` and ``promtool`` 3.x as ``tests/prometheus3/build.sh``
+    caches them; None when they are not built (or, with ``build``, when the build failed: its
+    output went to stderr). ``build`` builds them first when missing (minutes cold, needs Go)."""
+    if not PROMETHEUS3_BUILD.exists() or shutil.which("bash") is None:
+        return None
+    argv = ["bash", str(PROMETHEUS3_BUILD)] + ([] if build else ["--dir"])
+    out = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False).stdout.strip()
+    where = Path(out.splitlines()[-1]) if out else None
+    if where is None or not all(os.access(where / b, os.X_OK) for b in ("prometheus", "promtool")):
+        return None
+    return where
+
+
+def prometheus_version(binary: str) -> str:
+    """The version ``binary --version`` reports (``prometheus, version 3.16.0 (branch: ...)`` ->
+    ``3.16.0``; promtool's first line has the same shape). Raises RuntimeError when it says
+    something else."""
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False, timeout=30)
+    words = (done.stdout + done.stderr).split()
+    if len(words) < 3 or words[1] != "version":
+        raise RuntimeError(f"{binary} --version: {done.stdout}{done.stderr}")
+    return words[2]
 
 
 @dataclass
@@ -141,6 +174,7 @@ def prometheus_server(
     port: int | None = None,
     metric_relabel_configs: Sequence[Mapping[str, Any]] = (),
     alertmanagers: Sequence[str] = (),
+    binary: str | None = None,
 ) -> Iterator[PrometheusServer]:
     """Start Prometheus scraping ``targets`` with a short interval; stop it on exit.
 
@@ -150,6 +184,7 @@ def prometheus_server(
     data and log there (kept on exit); default a temporary directory removed on exit.
     ``metric_relabel_configs`` is added to every scrape job (:func:`scrape_configs`).
     ``alertmanagers`` (host:port each) receive the alerts of ``rule_files`` (API v2).
+    ``binary`` is the ``prometheus`` to run (default the one on PATH).
     """
     keep = workdir is not None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="healer-prom-"))
@@ -180,6 +215,7 @@ def prometheus_server(
             log=workdir / "prometheus.log",
             extra_args=["--web.enable-lifecycle", *extra_args],
             port=port,
+            binary=binary,
         ) as local:
             yield PrometheusServer(url=local.url, process=local.process, workdir=workdir)
     finally:

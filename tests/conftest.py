@@ -23,10 +23,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
+from healer_dev.prometheus import prometheus3_bindir, prometheus_version
 from tests.helm import NAMESPACE as HELM_NAMESPACE
 from tests.helm import rendered_objects, require_helm
 from tests.kube_cluster import BUILD_HINT, ControlPlane, control_plane, find_binaries
 from tests.kube_cluster import REPORT as KUBE_REPORT
+from tests.prometheus_releases import BUILD_HINT as PROMETHEUS3_BUILD_HINT
+from tests.prometheus_releases import PrometheusRelease, debian_release
 from tests.services import (
     AlertmanagerServer,
     PostgresServer,
@@ -170,6 +173,40 @@ def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmana
     ``deliver_to(url, token_file)`` (each alert its own group, sent at once)."""
     with alertmanager_server(workdir=tmp_path_factory.mktemp("alertmanager")) as server:
         yield server
+
+
+# --- Prometheus 2.42 and 3.x (tests/prometheus_releases.py) ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prometheus2() -> PrometheusRelease:
+    """Debian's Prometheus and promtool (2.42 on Debian 12), found on PATH once per session."""
+    return debian_release()
+
+
+@pytest.fixture(scope="session")
+def prometheus3() -> PrometheusRelease:
+    """Prometheus and promtool 3.x as ``tests/prometheus3/build.sh`` caches them, once per session.
+
+    Skips (one line saying how to build them) when they are not built, and fails instead when
+    ``HEALER_REQUIRE_SERVICES=1`` (CI, which builds them in the background).
+    """
+    bindir = prometheus3_bindir()
+    if bindir is None:
+        message = f"no Prometheus 3 built: run `{PROMETHEUS3_BUILD_HINT}` (needs Go) to run these tests"
+        if os.environ.get("HEALER_REQUIRE_SERVICES") == "1":
+            pytest.fail(message + " (HEALER_REQUIRE_SERVICES=1)")
+        pytest.skip(message)
+    release = PrometheusRelease(bindir=bindir, version=prometheus_version(str(bindir / "prometheus")))
+    assert release.major == 3, release
+    return release
+
+
+@pytest.fixture(scope="module")
+def prometheus_release(prometheus2: PrometheusRelease) -> PrometheusRelease:
+    """The Prometheus a test module runs on: Debian's 2.42; a ``*_prometheus3.py`` module that
+    imports another module's tests overrides it with ``prometheus3``."""
+    return prometheus2
 
 
 # --- a real Kubernetes control plane (tests/kube_cluster.py) --------------------------------------

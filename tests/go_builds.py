@@ -1,10 +1,11 @@
 """Tests that start while the Go-built test tools are still building (a cold ``.ci/run``).
 
 ``.ci/run`` builds the Kubernetes control plane (``tests/kube/build.sh``), the virtual-kubelet node
-(``tests/kube/build-vk.sh``) and helm (``deploy/scripts/build-helm.sh``) in the background and
-starts the tests at once; each build writes its exit status to a file when it ends, named by
-``HEALER_KUBE_BUILD_STATUS``, ``HEALER_VK_BUILD_STATUS`` and ``HEALER_HELM_BUILD_STATUS``. With those
-set, this plugin
+(``tests/kube/build-vk.sh``), helm (``deploy/scripts/build-helm.sh``) and Prometheus 3
+(``tests/prometheus3/build.sh``) in the background and starts the tests at once; each build writes
+its exit status to a file when it ends, named by ``HEALER_KUBE_BUILD_STATUS``,
+``HEALER_VK_BUILD_STATUS``, ``HEALER_HELM_BUILD_STATUS`` and ``HEALER_PROMETHEUS3_BUILD_STATUS``.
+With those set, this plugin
 
 - orders the tests that need a tool after all others (the same order on every xdist worker: it
   depends only on the tests), so the other tests run while the tools build;
@@ -29,12 +30,15 @@ import pytest
 KUBE_STATUS = "HEALER_KUBE_BUILD_STATUS"
 HELM_STATUS = "HEALER_HELM_BUILD_STATUS"
 VK_STATUS = "HEALER_VK_BUILD_STATUS"
+PROMETHEUS3_STATUS = "HEALER_PROMETHEUS3_BUILD_STATUS"
 #: Longest wait for a build (a cold control plane build takes about 12 minutes on 2 cores).
 WAIT_SECONDS = 45 * 60
 #: Fixtures that start the control plane (``tests/conftest.py``).
 KUBE_FIXTURES = frozenset({"kube"})
 #: Fixtures that start a virtual-kubelet node on it (``tests/conftest.py``).
 VK_FIXTURES = frozenset({"vk_node"})
+#: The fixture that finds the Prometheus 3 build (``tests/conftest.py``).
+PROMETHEUS3_FIXTURES = frozenset({"prometheus3"})
 
 
 def _uses_helm(module: ModuleType | None) -> bool:
@@ -46,20 +50,26 @@ def _uses_helm(module: ModuleType | None) -> bool:
 
 def needs(item: pytest.Item) -> tuple[str, ...]:
     """The status variables of the tools ``item`` needs: the control plane (and helm, whose chart
-    gives healer's RBAC) for a test using the ``kube`` fixture, and the virtual-kubelet node too for
-    one using ``vk_node``; helm for a test module using it."""
+    gives healer's RBAC) for a test using the ``kube`` fixture (and the virtual-kubelet node for one
+    using ``vk_node``), helm for a test module using it, Prometheus 3 for a test using the
+    ``prometheus3`` fixture."""
     fixtures = set(getattr(item, "fixturenames", ()))
+    found: tuple[str, ...] = ()
     if fixtures & VK_FIXTURES:
-        return (KUBE_STATUS, HELM_STATUS, VK_STATUS)
-    if fixtures & KUBE_FIXTURES:
-        return (KUBE_STATUS, HELM_STATUS)
-    if _uses_helm(getattr(item, "module", None)):
-        return (HELM_STATUS,)
-    return ()
+        found = (KUBE_STATUS, HELM_STATUS, VK_STATUS)
+    elif fixtures & KUBE_FIXTURES:
+        found = (KUBE_STATUS, HELM_STATUS)
+    elif _uses_helm(getattr(item, "module", None)):
+        found = (HELM_STATUS,)
+    if fixtures & PROMETHEUS3_FIXTURES:
+        found = (*found, PROMETHEUS3_STATUS)
+    return found
 
 
 def _building() -> bool:
-    return any(os.environ.get(v) for v in (KUBE_STATUS, HELM_STATUS, VK_STATUS))
+    return any(
+        os.environ.get(v) for v in (KUBE_STATUS, HELM_STATUS, VK_STATUS, PROMETHEUS3_STATUS)
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,7 +5,8 @@ Started by fixtures in ``tests/conftest.py``; nothing here is mocked. Binaries c
 packages (``postgresql-15``, ``prometheus``, ``victoria-metrics``, ``prometheus-alertmanager``),
 which ``.ci/run`` installs; a
 missing one raises :class:`~healer.errors.BinaryNotFound`, which skips the tests that need it
-(``tests/service_skips.py``).
+(``tests/service_skips.py``). Prometheus 3.x, built from its Go module, runs through the same
+:func:`prometheus_server` (``binary=``; ``tests/prometheus_releases.py``).
 """
 
 from __future__ import annotations

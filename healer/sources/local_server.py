@@ -130,10 +130,12 @@ def local_prometheus(
     extra_args: Sequence[str] = (),
     ready_timeout: float = 30.0,
     port: int | None = None,
+    binary: str | None = None,
 ) -> Iterator[LocalServer]:
-    """Run ``prometheus`` (Debian package ``prometheus``) with ``config`` and its TSDB in ``data``
-    on loopback; yield once ``/-/ready`` answers; stop it on exit. Raises as :func:`local_server`."""
-    binary = find_binary("prometheus", package="prometheus")
+    """Run ``prometheus`` (``binary``, default the one on PATH: Debian package ``prometheus``) with
+    ``config`` and its TSDB in ``data`` on loopback; yield once ``/-/ready`` answers; stop it on
+    exit. Raises as :func:`local_server`."""
+    binary = binary or find_binary("prometheus", package="prometheus")
     with local_server(
         lambda port: [
             binary,

@@ -35,9 +35,9 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.alerts import PrometheusAlertsSource
 from healer.sources.prometheus import PrometheusSource
 from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
+from tests.prometheus_releases import PrometheusRelease
 from tests.services import (
     PrometheusServer,
-    prometheus_server,
     simulator_targets,
     wait_until,
 )
@@ -109,7 +109,7 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def setup(tmp_path_factory: pytest.TempPathFactory, prometheus_release: PrometheusRelease) -> Iterator[Setup]:
     tmp = tmp_path_factory.mktemp("alerts")
     rules_dir = shortened_rules(tmp / "rules")
     ruleset = load_ruleset([rules_dir])
@@ -118,7 +118,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     exported.write_text(
         yaml.safe_dump(prometheus_rule_file(with_broken_rule(ruleset), default_interval_seconds=30))
     )
-    check = subprocess.run(["promtool", "check", "rules", str(exported)], capture_output=True, text=True)
+    check = subprocess.run(
+        [prometheus_release.promtool, "check", "rules", str(exported)], capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
     clock = ManualClock(0)
@@ -126,7 +128,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     fleet = Fleet(FleetConfig(nodes=16, hcas=2, seed=0, idle_fraction=0.2), scenario)
     with SimulatorServer(fleet, clock=clock) as sim:
         targets = simulator_targets(fleet.targets(sim.address), sim.address)
-        with prometheus_server(targets, scrape_interval="1s", rule_files=[exported]) as prom:
+        with prometheus_release.server(targets, scrape_interval="1s", rule_files=[exported]) as prom:
             prom.wait_for_targets_up(len(targets))
             wait_until(
                 lambda: len(prom.query("count_over_time(up[1m]) >= 2")) == len(targets),

@@ -40,10 +40,10 @@ from healer.store import migrate
 from healer.store.session import make_engine, make_sessionmaker
 from healer_dev.simulator import Fleet, FleetConfig, ManualClock, SimulatorServer, parse_scenario
 from tests.healer_cli import run_healer
+from tests.prometheus_releases import PrometheusRelease
 from tests.services import (
     PrometheusServer,
     ScrapeTarget,
-    prometheus_server,
     simulator_targets,
     text_exporter,
     wait_until,
@@ -242,7 +242,9 @@ def firing(result: DetectionResult, rule: str) -> set[tuple[str, str | None]]:
 
 
 @pytest.fixture(scope="module")
-def timeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Timeline]:
+def timeline(
+    tmp_path_factory: pytest.TempPathFactory, prometheus_release: PrometheusRelease
+) -> Iterator[Timeline]:
     clock = ManualClock(0)
     fleet = Fleet(FleetConfig(nodes=20, hcas=2, seed=0, idle_fraction=0.2), parse_scenario(SCENARIO))
     assert [n for n in fleet.node_names if fleet.is_idle(n)] == list(IDLE)
@@ -253,7 +255,7 @@ def timeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Timeline]:
     with SimulatorServer(fleet, clock=clock) as sim, extra_exporter(fleet, clock) as extra:
         targets = simulator_targets(fleet.targets(sim.address), sim.address)
         targets.append(ScrapeTarget(address=extra, job="healer-test-extra", labels={"node": EXTRA}))
-        with prometheus_server(targets, scrape_interval="1s") as prom:
+        with prometheus_release.server(targets, scrape_interval="1s") as prom:
             ruleset = shortened_ruleset([REPO / "rules"])
             line = Timeline(fleet=fleet, prometheus=prom, ruleset=ruleset, db_url=db_url)
             state = initial_state(factory)

@@ -40,7 +40,8 @@ from healer_dev.simulator.fleet import EXPORTERS
 from healer_dev.simulator.scenario import SCENARIO_DIR, load_scenario
 from tests.conftest import FIXTURES, REPO
 from tests.exposition import Pages, serve
-from tests.services import PrometheusServer, SharedVictoriaMetrics, prometheus_server, wait_until
+from tests.prometheus_releases import PrometheusRelease
+from tests.services import PrometheusServer, SharedVictoriaMetrics, wait_until
 
 # Two engines, 64 nodes and 30 rules at 8 checkpoints: minutes on a loaded 2-core machine.
 pytestmark = [pytest.mark.prometheus, pytest.mark.victoria_metrics, pytest.mark.timeout(900)]
@@ -73,7 +74,7 @@ SETTLE = 20.0
 
 @pytest.fixture
 def engines(
-    victoria_metrics: SharedVictoriaMetrics, tmp_path: Path
+    victoria_metrics: SharedVictoriaMetrics, tmp_path: Path, prometheus_release: PrometheusRelease
 ) -> Iterator[tuple[ManualClock, Fleet, PrometheusServer, SharedVictoriaMetrics]]:
     clock = ManualClock(0.0)
     fleet = Fleet(FleetConfig(nodes=64, seed=19), load_scenario(SCENARIO_DIR / "demo.yaml"))
@@ -81,7 +82,7 @@ def engines(
         sd = sim.write_file_sd(tmp_path / "targets.json")
         victoria_metrics.scrape(sd)
         try:
-            with prometheus_server([], file_sd=[sd], scrape_interval=f"{SCRAPE_INTERVAL:g}s") as prom:
+            with prometheus_release.server([], file_sd=[sd], scrape_interval=f"{SCRAPE_INTERVAL:g}s") as prom:
                 yield clock, fleet, prom, victoria_metrics
         finally:
             victoria_metrics.stop_scraping()
@@ -193,7 +194,7 @@ def fresh_scrapes(source: PrometheusSource, since: float) -> int:
 
 
 def test_static_samples_fire_the_same_rules_on_both_engines_and_old_totals_fire_none(
-    victoria_metrics: SharedVictoriaMetrics, tmp_path: Path
+    victoria_metrics: SharedVictoriaMetrics, tmp_path: Path, prometheus_release: PrometheusRelease
 ) -> None:
     pack = load_ruleset([REPO / "rules"]).rules
     pages = Pages(
@@ -225,7 +226,7 @@ def test_static_samples_fire_the_same_rules_on_both_engines_and_old_totals_fire_
         victoria_metrics.scrape(sd)
         try:
             with (
-                prometheus_server([], file_sd=[sd], scrape_interval="1s") as prom,
+                prometheus_release.server([], file_sd=[sd], scrape_interval="1s") as prom,
                 PrometheusSource(prom.url, timeout_seconds=QUERY_TIMEOUT) as on_prom,
                 PrometheusSource(victoria_metrics.url, timeout_seconds=QUERY_TIMEOUT) as on_vm,
             ):

@@ -19,7 +19,8 @@ from healer.ruleset.loading import load_ruleset
 from healer.ruleset.schema import Rule
 from tests.conftest import FIXTURES, REPO
 from tests.exposition import Pages, node_of, serve, target_of
-from tests.services import PrometheusServer, ScrapeTarget, prometheus_server, wait_until
+from tests.prometheus_releases import PrometheusRelease
+from tests.services import PrometheusServer, ScrapeTarget, wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -63,7 +64,9 @@ FIRING_IN_SAMPLES = {
 }
 
 
-def test_every_default_rule_runs_and_exactly_the_sampled_faults_fire(pack: dict[str, Rule]) -> None:
+def test_every_default_rule_runs_and_exactly_the_sampled_faults_fire(
+    pack: dict[str, Rule], prometheus_release: PrometheusRelease
+) -> None:
     pages = Pages(
         {
             "/dcgm/metrics": (FIXTURES / "dcgm-exporter.prom").read_text(),
@@ -77,7 +80,7 @@ def test_every_default_rule_runs_and_exactly_the_sampled_faults_fire(pack: dict[
             ScrapeTarget(address, "/dcgm/metrics", job="dcgm-exporter"),
             ScrapeTarget(address, "/ib/metrics", labels={"node": NODE}, job="node-exporter"),
         ]
-        with prometheus_server(targets) as prom:
+        with prometheus_release.server(targets) as prom:
             assert len(prom.wait_for_samples("DCGM_FI_DEV_GPU_TEMP")) == 8
             assert len(prom.wait_for_samples("node_infiniband_state_id")) == 8
             wait_for_counter_history(prom)
@@ -125,7 +128,9 @@ def bump(text: str, series: str, by: float) -> str:
     return "\n".join(out) + "\n"
 
 
-def test_counter_bursts_and_a_silent_exporter(pack: dict[str, Rule]) -> None:
+def test_counter_bursts_and_a_silent_exporter(
+    pack: dict[str, Rule], prometheus_release: PrometheusRelease
+) -> None:
     dcgm = (FIXTURES / "dcgm-exporter.prom").read_text()
     ib = (FIXTURES / "node-exporter-infiniband.prom").read_text()
     pages = Pages({"/dcgm/metrics": dcgm, "/ib/metrics": ib})
@@ -135,7 +140,7 @@ def test_counter_bursts_and_a_silent_exporter(pack: dict[str, Rule]) -> None:
             ScrapeTarget(address, "/dcgm/metrics", labels={"node": NODE}, job="dcgm-exporter"),
             ScrapeTarget(address, "/ib/metrics", labels={"node": NODE}, job="node-exporter"),
         ]
-        with prometheus_server(targets) as prom:
+        with prometheus_release.server(targets) as prom:
             prom.wait_for_samples("DCGM_FI_DEV_GPU_TEMP")
             wait_for_counter_history(prom)
 
