@@ -27,10 +27,13 @@ import pytest
 
 KUBE_STATUS = "HEALER_KUBE_BUILD_STATUS"
 HELM_STATUS = "HEALER_HELM_BUILD_STATUS"
+IMAGE_STATUS = "HEALER_IMAGE_BUILD_STATUS"
 #: Longest wait for a build (a cold control plane build takes about 12 minutes on 2 cores).
 WAIT_SECONDS = 45 * 60
 #: Fixtures that start the control plane (``tests/conftest.py``).
 KUBE_FIXTURES = frozenset({"kube"})
+#: The fixture of the image built by ``deploy/scripts/build-image-offline.sh`` (tests/e2e/test_image.py).
+IMAGE_FIXTURES = frozenset({"healer_image"})
 
 
 def _uses_helm(module: ModuleType | None) -> bool:
@@ -42,17 +45,19 @@ def _uses_helm(module: ModuleType | None) -> bool:
 
 def needs(item: pytest.Item) -> tuple[str, ...]:
     """The status variables of the tools ``item`` needs: the control plane (and helm, whose chart
-    gives healer's RBAC) for a test using the ``kube`` fixture, helm for a test module using it."""
+    gives healer's RBAC) for a test using the ``kube`` fixture, helm for a test module using it,
+    the container image for a test using the ``healer_image`` fixture."""
     fixtures = set(getattr(item, "fixturenames", ()))
+    image = (IMAGE_STATUS,) if fixtures & IMAGE_FIXTURES else ()
     if fixtures & KUBE_FIXTURES:
-        return (KUBE_STATUS, HELM_STATUS)
+        return (KUBE_STATUS, HELM_STATUS, *image)
     if _uses_helm(getattr(item, "module", None)):
-        return (HELM_STATUS,)
-    return ()
+        return (HELM_STATUS, *image)
+    return image
 
 
 def _building() -> bool:
-    return bool(os.environ.get(KUBE_STATUS) or os.environ.get(HELM_STATUS))
+    return any(os.environ.get(v) for v in (KUBE_STATUS, HELM_STATUS, IMAGE_STATUS))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
