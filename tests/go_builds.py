@@ -1,9 +1,10 @@
 """Tests that start while the Go-built test tools are still building (a cold ``.ci/run``).
 
-``.ci/run`` builds the Kubernetes control plane (``tests/kube/build.sh``) and helm
-(``deploy/scripts/build-helm.sh``) in the background and starts the tests at once; each build
-writes its exit status to a file when it ends, named by ``HEALER_KUBE_BUILD_STATUS`` and
-``HEALER_HELM_BUILD_STATUS``. With those set, this plugin
+``.ci/run`` builds the Kubernetes control plane (``tests/kube/build.sh``), helm
+(``deploy/scripts/build-helm.sh``) and the container image (``deploy/scripts/build-image-offline.sh``)
+in the background and starts the tests at once; each build writes its exit status to a file when it
+ends, named by ``HEALER_KUBE_BUILD_STATUS``, ``HEALER_HELM_BUILD_STATUS`` and
+``HEALER_IMAGE_BUILD_STATUS``. With those set, this plugin
 
 - orders the tests that need a tool after all others (the same order on every xdist worker: it
   depends only on the tests), so the other tests run while the tools build;

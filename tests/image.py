@@ -27,7 +27,9 @@ RUNTIME = ("--runtime", "runc")
 def podman(*args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess[str]:
     """``podman --runtime runc ARGS``, output captured as text."""
     binary = require_binary("podman", package="podman")
-    return subprocess.run([binary, *RUNTIME, *args], capture_output=True, text=True, timeout=timeout, check=check)
+    return subprocess.run(
+        [binary, *RUNTIME, *args], capture_output=True, text=True, timeout=timeout, check=check
+    )
 
 
 def image_name() -> str:

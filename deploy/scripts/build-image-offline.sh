@@ -113,8 +113,15 @@ tag=("--tag" "${image}")
 # --network host: pip reaches PyPI as the host does; --layers: unchanged steps come from the cache.
 if "${podman[@]}" build --format docker --layers --network host --file "${dockerfile}" \
     --build-arg PYTHON_IMAGE="${base}" "${tag[@]}" . 2>&1 | tee "${log}" >&2; then
-  echo "build-image-offline.sh: built ${image} in $((SECONDS - start)) s" \
-    "($("${podman[@]}" image inspect --format '{{.Size}}' "${image}" 2>/dev/null | numfmt --to=si) B)" >&2
+  if [ "${mode}" = check ]; then
+    echo "build-image-offline.sh: ${dockerfile} built in $((SECONDS - start)) s (not tagged)" >&2
+    exit 0
+  fi
+  echo "build-image-offline.sh: built ${image} in $((SECONDS - start)) s," \
+    "$("${podman[@]}" image inspect --format '{{.Size}}' "${image}" | numfmt --to=si --suffix=B)" >&2
+  # Each change to what the image copies makes a new one: keep the newest three of them.
+  "${podman[@]}" images --filter "reference=${REPOSITORY}:ci-*" --format '{{.Repository}}:{{.Tag}}' \
+    | tail -n +4 | xargs -r "${podman[@]}" rmi >/dev/null || true
   echo "${image}"
   exit 0
 fi

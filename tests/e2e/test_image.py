@@ -60,7 +60,11 @@ def healer_image() -> str:
     status = wait_for_status(IMAGE_STATUS)
     name = image_name()
     if podman("image", "exists", name).returncode != 0:
-        why = f"build exited {status}, log in .ci/logs/image-build.log" if status not in (None, "0") else "not built"
+        why = (
+            f"build exited {status}, log in .ci/logs/image-build.log"
+            if status not in (None, "0")
+            else "not built"
+        )
         message = f"image {name} {why}: run `{BUILD_HINT}` (needs podman, runc, mmdebstrap)"
         if os.environ.get(REQUIRE) == "1":
             pytest.fail(message)
@@ -141,7 +145,9 @@ def test_chart_deployment_runs_the_image_in_dry_run(
     text = hot_gpu_rules("[quarantine, {drain: {timeout: 10m}}]").replace("GpuTooHot", "ImageTestGpuTooHot")
     rules = world.rules(text.replace("name: thermal", "name: image-test"), name="hot.yaml")
     scenario = f"faults: [{{at: 0s, node: {hot_node}, gpu: 3, fault: hot_gpu, target: 90, ramp: 1s}}]"
-    with world.metrics(3, scenario, wait_for=f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{hot_node}"}} > 78') as metrics:
+    with world.metrics(
+        3, scenario, wait_for=f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{hot_node}"}} > 78'
+    ) as metrics:
         objects = _rendered(world, healer_image, metrics.url)
         [deployment] = by_kind(objects, "Deployment").values()
         config_maps = by_kind(objects, "ConfigMap")
@@ -161,7 +167,13 @@ def test_chart_deployment_runs_the_image_in_dry_run(
                 os.chown(where, HEALER_UID, HEALER_UID)
                 files[volume["name"]] = where
         account = write_config_map(
-            {"data": {"token": world.token, "ca.crt": world.kube.ca_file.read_text(), "namespace": HEALER_NAMESPACE}},
+            {
+                "data": {
+                    "token": world.token,
+                    "ca.crt": world.kube.ca_file.read_text(),
+                    "namespace": HEALER_NAMESPACE,
+                }
+            },
             world.tmp_path / "serviceaccount",
         )
         port = free_port()
@@ -229,7 +241,9 @@ def test_chart_deployment_runs_the_image_in_dry_run(
         tools = podman("exec", container_name, "sh", "-c", "command -v gcc cc make g++ || true")
         assert tools.stdout.strip() == "", f"build tools in the runtime image: {tools.stdout}"
         # The image's own HEALTHCHECK command, as Docker would run it.
-        check = json.loads(podman("image", "inspect", "--format", "{{json .Config.Healthcheck}}", healer_image).stdout)
+        check = json.loads(
+            podman("image", "inspect", "--format", "{{json .Config.Healthcheck}}", healer_image).stdout
+        )
         assert check["Test"][0] == "CMD"
         assert podman("exec", container_name, *check["Test"][1:]).returncode == 0
 
