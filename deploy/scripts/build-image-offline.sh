@@ -20,6 +20,7 @@
 #
 # A failed build ends with one line naming the failing step and its Dockerfile line.
 set -euo pipefail
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/../.."
 
 dockerfile=Dockerfile
@@ -42,19 +43,21 @@ podman=(podman --runtime runc)  # crun, podman's default where installed, cannot
 extra_cas() { find /usr/local/share/ca-certificates -type f -name '*.crt' 2>/dev/null | sort; }
 hash_files() { xargs -0 -r sha256sum | sha256sum | cut -c1-16; }
 
-# What the Dockerfile copies from the build context (COPY without --from: every argument but the last).
-copied="$(awk 'toupper($1) == "COPY" && $2 !~ /^--from/ { for (i = 2; i < NF; i++) print $i }' "${dockerfile}")"
+# What the Dockerfile copies from the build context (COPY without --from: every argument but the
+# last, flags left out).
+copied="$(awk 'toupper($1) == "COPY" && !/--from/ { for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i }' "${dockerfile}")"
 
 base_key="$(
-  { sed -n '/^SUITE=/,/^PACKAGES=/p' "$0"; sed -n '/^make_base()/,/^}/p' "$0"
+  { sed -n '/^SUITE=/,/^PACKAGES=/p' "${self}"; sed -n '/^make_base()/,/^}/p' "${self}"
     extra_cas | tr '\n' '\0' | hash_files; } | sha256sum | cut -c1-16
 )"
 base="${REPOSITORY}-ci-python:${SUITE}-${base_key}"
 image_key="$(
   { echo "${base}"
     # shellcheck disable=SC2086  # word splitting: one path per word
-    find Dockerfile .dockerignore ${copied} -type f ! -path '*/__pycache__/*' ! -name '*.py[cod]' \
-      -print0 | sort -z | hash_files; } | sha256sum | cut -c1-16
+    # A path that is missing: podman's build names the COPY that fails.
+    { find Dockerfile .dockerignore ${copied} -type f ! -path '*/__pycache__/*' ! -name '*.py[cod]' \
+      -print0 2>/dev/null || true; } | sort -z | hash_files; } | sha256sum | cut -c1-16
 )"
 image="${REPOSITORY}:ci-${image_key}"
 

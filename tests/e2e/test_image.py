@@ -88,6 +88,9 @@ def test_image_answers_version_and_validates_its_rule_pack(healer_image: str) ->
     out, took = run_once(healer_image, "--version")
     assert out.strip() == f"healer {healer.__version__}"
     print(f"healer --version in the image: {took:.2f} s")
+    # Without --user (a plain `docker run`), the image's own user: healer, not root.
+    who = podman("run", "--rm", *ulimits(), "--no-healthcheck", "--entrypoint=id", healer_image, "-u")
+    assert who.stdout.strip() == str(HEALER_UID), who
     out, _ = run_once(healer_image, "rules", "validate", "/var/lib/healer/rules")
     bundled = sorted(p.name for p in (REPO / "rules").glob("*.y*ml"))
     assert out.startswith("OK: ") and f"from {len(bundled)} files" in out, out
