@@ -128,11 +128,13 @@ if "${podman[@]}" build --format docker --layers --network host --file "${docker
   echo "${image}"
   exit 0
 fi
-# podman ends with: Error: error building at STEP "RUN ...": ... Name the step and its line.
-step="$(sed -n 's/.*building at STEP "\(.*\)": .*/\1/p' "${log}" | tail -n 1)"
-if [ -n "${step}" ]; then
-  line="$(grep -n -F -- "${step:0:40}" "${dockerfile}" | head -n 1 | cut -d: -f1)"
-  echo "build-image-offline.sh: the image build failed at step '${step}' (${dockerfile} line ${line:-?})" >&2
+# podman prints "[2/2] STEP 3/12: RUN ..." before each step and stops at the one that fails: name
+# it, with its line in the Dockerfile.
+step="$(grep -E '^(\[[0-9]+/[0-9]+\] )?STEP [0-9]+/[0-9]+: ' "${log}" | tail -n 1 || true)"
+if [ -n "${step}" ] && grep -q 'building at STEP' "${log}"; then
+  instruction="${step#*: }"
+  line="$(grep -n -F -- "${instruction:0:40}" "${dockerfile}" | head -n 1 | cut -d: -f1 || true)"
+  echo "build-image-offline.sh: the image build failed at ${step%%: *} (${dockerfile} line ${line:-?}): ${instruction}" >&2
 else
   echo "build-image-offline.sh: the image build failed (podman's output above)" >&2
 fi
