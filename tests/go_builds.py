@@ -1,11 +1,12 @@
 """Tests that start while the Go-built test tools are still building (a cold ``.ci/run``).
 
 ``.ci/run`` builds the Kubernetes control plane (``tests/kube/build.sh``), the virtual-kubelet node
-(``tests/kube/build-vk.sh``), helm (``deploy/scripts/build-helm.sh``) and Prometheus 3
-(``tests/prometheus3/build.sh``) in the background and starts the tests at once; each build writes
-its exit status to a file when it ends, named by ``HEALER_KUBE_BUILD_STATUS``,
-``HEALER_VK_BUILD_STATUS``, ``HEALER_HELM_BUILD_STATUS`` and ``HEALER_PROMETHEUS3_BUILD_STATUS``.
-With those set, this plugin
+(``tests/kube/build-vk.sh``), helm (``deploy/scripts/build-helm.sh``), Prometheus 3
+(``tests/prometheus3/build.sh``) and the container image (``deploy/scripts/build-image-offline.sh``)
+in the background and starts the tests at once; each build writes its exit status to a file when it
+ends, named by ``HEALER_KUBE_BUILD_STATUS``, ``HEALER_VK_BUILD_STATUS``,
+``HEALER_HELM_BUILD_STATUS``, ``HEALER_PROMETHEUS3_BUILD_STATUS`` and
+``HEALER_IMAGE_BUILD_STATUS``. With those set, this plugin
 
 - orders the tests that need a tool after all others (the same order on every xdist worker: it
   depends only on the tests), so the other tests run while the tools build;
@@ -31,6 +32,7 @@ KUBE_STATUS = "HEALER_KUBE_BUILD_STATUS"
 HELM_STATUS = "HEALER_HELM_BUILD_STATUS"
 VK_STATUS = "HEALER_VK_BUILD_STATUS"
 PROMETHEUS3_STATUS = "HEALER_PROMETHEUS3_BUILD_STATUS"
+IMAGE_STATUS = "HEALER_IMAGE_BUILD_STATUS"
 #: Longest wait for a build (a cold control plane build takes about 12 minutes on 2 cores).
 WAIT_SECONDS = 45 * 60
 #: Fixtures that start the control plane (``tests/conftest.py``).
@@ -39,6 +41,8 @@ KUBE_FIXTURES = frozenset({"kube"})
 VK_FIXTURES = frozenset({"vk_node"})
 #: The fixture that finds the Prometheus 3 build (``tests/conftest.py``).
 PROMETHEUS3_FIXTURES = frozenset({"prometheus3"})
+#: The fixture of the image built by ``deploy/scripts/build-image-offline.sh`` (tests/e2e/test_image.py).
+IMAGE_FIXTURES = frozenset({"healer_image"})
 
 
 def _uses_helm(module: ModuleType | None) -> bool:
@@ -52,7 +56,7 @@ def needs(item: pytest.Item) -> tuple[str, ...]:
     """The status variables of the tools ``item`` needs: the control plane (and helm, whose chart
     gives healer's RBAC) for a test using the ``kube`` fixture (and the virtual-kubelet node for one
     using ``vk_node``), helm for a test module using it, Prometheus 3 for a test using the
-    ``prometheus3`` fixture."""
+    ``prometheus3`` fixture, the container image for a test using the ``healer_image`` fixture."""
     fixtures = set(getattr(item, "fixturenames", ()))
     found: tuple[str, ...] = ()
     if fixtures & VK_FIXTURES:
@@ -63,12 +67,15 @@ def needs(item: pytest.Item) -> tuple[str, ...]:
         found = (HELM_STATUS,)
     if fixtures & PROMETHEUS3_FIXTURES:
         found = (*found, PROMETHEUS3_STATUS)
+    if fixtures & IMAGE_FIXTURES:
+        found = (*found, IMAGE_STATUS)
     return found
 
 
 def _building() -> bool:
     return any(
-        os.environ.get(v) for v in (KUBE_STATUS, HELM_STATUS, VK_STATUS, PROMETHEUS3_STATUS)
+        os.environ.get(v)
+        for v in (KUBE_STATUS, HELM_STATUS, VK_STATUS, PROMETHEUS3_STATUS, IMAGE_STATUS)
     )
 
 
