@@ -101,7 +101,9 @@ class RestDispatch(PodLifecycle):
         if query.get("watch") in ("true", "1"):
             if res.kind in ("PodDisruptionBudget", "Node", "Pod"):
                 raise WatchRequested(res, ns, query)
-            raise ApiError(400, "BadRequest", "watch is supported for PodDisruptionBudgets, Nodes and Pods only")
+            raise ApiError(
+                400, "BadRequest", "watch is supported for PodDisruptionBudgets, Nodes and Pods only"
+            )
         if "fieldSelector" in query:
             check_field_selector(res, query["fieldSelector"])
         stored = sorted(self._store[(res.group_version, res.plural)].items())
