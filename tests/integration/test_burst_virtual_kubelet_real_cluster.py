@@ -11,18 +11,13 @@ none left pending (the story: ``test_burst_real_cluster.overflow_and_return``).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
 
 from tests.integration.test_burst_real_cluster import Burst, burst_world, overflow_and_return
 from tests.kube_cluster import ControlPlane
-
-# The virtual-kubelet fixture comes with its own branch (tests/virtual_kubelet.py, the vk_node
-# fixture); until it is merged this module has nothing to run on.
-vk = pytest.importorskip("tests.virtual_kubelet", reason="tests/virtual_kubelet.py not merged yet")
-LABELS, TAINT = vk.LABELS, vk.TAINT
+from tests.virtual_kubelet import LABELS, TAINT, VirtualKubelet
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +31,14 @@ def burst_on_vk(
     kube_admin: ApiClient,
     kube_healer_api: ApiClient,
     migrated_sqlite_url: str,
-    vk_node: Any,
+    vk_node: VirtualKubelet,
 ) -> Iterator[Burst]:
     with burst_world(kube, kube_admin, kube_healer_api, migrated_sqlite_url, burst_node=vk_node.name) as b:
         yield b
 
 
 def test_training_pushes_inference_onto_the_virtual_kubelet_node_and_it_comes_back_at_the_pace(
-    burst_on_vk: Burst, kube: ControlPlane, vk_node: Any
+    burst_on_vk: Burst, kube: ControlPlane, vk_node: VirtualKubelet
 ) -> None:
     node = burst_on_vk.core.read_node(vk_node.name)
     assert LABELS.items() <= (node.metadata.labels or {}).items()  # registered as virtual-kubelet does
