@@ -12,6 +12,8 @@ from sqlalchemy.orm import Session
 
 from api.auth import Auth, Identity
 from api.errors import ApiError
+from api.queries import Judging
+from api.verdict import Policy
 from healer.config import Settings
 from healer.ruleset.schema import RuleSet
 from healer.sources.prometheus_range import PrometheusRange
@@ -99,6 +101,23 @@ def get_history(request: Request) -> PrometheusRange:
     return history
 
 
+def get_judging(
+    now: Annotated[datetime, Depends(get_now)],
+    ruleset: Annotated[RuleSet | None, Depends(get_ruleset)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> Judging:
+    """What node summaries need for their verdicts: now, the rule set and the settings it reads."""
+    return Judging(
+        now=now,
+        ruleset=ruleset,
+        policy=Policy(
+            recovery_hold_seconds=settings.safety.recovery_hold_seconds,
+            validation_job=settings.validation.enabled,
+            awaiting_repair_attention_seconds=settings.api.awaiting_repair_attention_hours * 3600,
+        ),
+    )
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 IdentityDep = Annotated[Identity, Depends(get_identity)]
 OperatorDep = Annotated[Identity, Depends(require_operator)]
@@ -107,5 +126,6 @@ RuleSetDep = Annotated[RuleSet | None, Depends(get_ruleset)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 HistoryDep = Annotated[PrometheusRange, Depends(get_history)]
 PrometheusDep = Annotated[PrometheusRange, Depends(get_prometheus)]
+JudgingDep = Annotated[Judging, Depends(get_judging)]
 #: FastAPI reads a dataclass dependency's fields as query parameters.
 FleetQueryDep = Annotated[FleetQuery, Depends(FleetQuery)]

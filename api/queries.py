@@ -12,13 +12,15 @@ import binascii
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Select, and_, case, func, or_, select, text
+from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
+from api import verdict as verdicts
+from api.charts import rule_series
 from api.errors import ApiError
 from api.rendering import format_duration
 from api.schemas import (
@@ -49,13 +51,15 @@ from api.schemas import (
 )
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
+from healer.engine.lifecycle import finding_story
 from healer.engine.safety import PoolUsage, breaker_trips_at
 from healer.model.blind_spots import BlindReport
 from healer.model.limits import SafetyLimits
 from healer.model.source_health import SourceHealth
-from healer.model.states import OUT_OF_SERVICE, FindingState, NodeState
-from healer.ruleset.schema import RuleSet
+from healer.model.states import OUT_OF_SERVICE, ActionStatus, FindingState, NodeState
+from healer.ruleset.schema import DrainAction, Rule, RuleSet, TicketAction
 from healer.store import nodes as repo
+from healer.store.evaluations import finding_from_row
 from healer.store.models import (
     Action,
     Finding,
@@ -380,7 +384,8 @@ def rules_page(session: Session, *, ruleset: RuleSet | None, now: datetime) -> R
 
 @dataclass(frozen=True)
 class NodeFilter:
-    """Filters of the node list: states (any of), pool, rule (an active finding), name substring.
+    """Filters of the node list: states (any of), pool, rule (an active finding of it, or its open
+    incident's rule), name substring.
 
     ``unhealthy`` keeps nodes not in ``healthy`` (the fleet page's default).
     """
@@ -404,11 +409,17 @@ def _node_query(flt: NodeFilter) -> Select[Node]:
         escaped = flt.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         query = query.where(Node.name.like(f"%{escaped}%", escape="\\"))
     if flt.rule:
+        # The rule the row shows: an active finding's, or its open incident's (a validating node).
         query = query.where(
-            Node.name.in_(
-                select(Finding.node_name).where(
-                    Finding.rule == flt.rule, Finding.state.in_([str(s) for s in ACTIVE_FINDINGS])
-                )
+            or_(
+                Node.name.in_(
+                    select(Finding.node_name).where(
+                        Finding.rule == flt.rule, Finding.state.in_([str(s) for s in ACTIVE_FINDINGS])
+                    )
+                ),
+                Node.id.in_(
+                    select(Incident.node_id).where(Incident.closed_at.is_(None), Incident.rule == flt.rule)
+                ),
             )
         )
     return query
@@ -421,8 +432,10 @@ def list_nodes(
     sort: NodeSort = "since",
     cursor: str | None = None,
     limit: int = 50,
+    judging: Judging | None = None,
 ) -> Page[NodeSummary]:
-    """One page of nodes, sorted by ``since`` (most recent state change first) or ``name``.
+    """One page of nodes, sorted by ``since`` (most recent state change first) or ``name``; each
+    with its verdict when ``judging`` is given.
 
     Raises:
         ApiError: 400 for an invalid cursor.
@@ -447,14 +460,16 @@ def list_nodes(
         last = rows[-1]
         key: Any = last.name if sort == "name" else last.state_since.isoformat()
         next_cursor = Cursor(sort=sort, key=key, id=last.id).encode()
-    return Page[NodeSummary](items=summarize_nodes(session, rows), next_cursor=next_cursor)
+    return Page[NodeSummary](items=summarize_nodes(session, rows, judging), next_cursor=next_cursor)
 
 
 #: The fleet page's "Needs attention" list: at most this many nodes.
 ATTENTION_LIMIT = 50
 
 
-def needs_attention(session: Session, *, now: datetime, awaiting_repair_seconds: float) -> list[AttentionOut]:
+def needs_attention(
+    session: Session, *, now: datetime, awaiting_repair_seconds: float, judging: Judging | None = None
+) -> list[AttentionOut]:
     """Nodes needing a person, most urgent first: blocked (with the refusal), awaiting repair for
     longer than ``awaiting_repair_seconds``, unknown (no data); oldest first within each."""
     overdue = now - timedelta(seconds=awaiting_repair_seconds)
@@ -473,7 +488,7 @@ def needs_attention(session: Session, *, now: datetime, awaiting_repair_seconds:
             .limit(ATTENTION_LIMIT)
         ).all()
     )
-    summaries = {s.name: s for s in summarize_nodes(session, [n for n, _ in rows])}
+    summaries = {s.name: s for s in summarize_nodes(session, [n for n, _ in rows], judging)}
     out = []
     for node, blocked in rows:
         age = format_duration((now - node.state_since).total_seconds())
@@ -494,70 +509,276 @@ def shown_state(state: str, *, taint_only: bool) -> str:
     return "tainted" if taint_only and state == NodeState.QUARANTINED else state
 
 
-def summarize_nodes(session: Session, nodes: Sequence[Node]) -> list[NodeSummary]:
-    """Summaries of ``nodes`` with their active rules, GPU counts, latest ticket and whether a
-    quarantine is by taint alone: 4 queries."""
+@dataclass(frozen=True)
+class Judging:
+    """What a summary needs to carry its node's verdict (:mod:`api.verdict`): ``now``, the rule set
+    (thresholds, holds, drains; None: not known) and the settings the verdict reads."""
+
+    now: datetime
+    ruleset: RuleSet | None = None
+    policy: verdicts.Policy = field(default_factory=verdicts.Policy)
+
+
+def summarize_nodes(
+    session: Session, nodes: Sequence[Node], judging: Judging | None = None
+) -> list[NodeSummary]:
+    """Summaries of ``nodes`` with their active rules (else their open incident's), GPU counts,
+    latest ticket and whether a quarantine is by taint alone: 4 queries; with ``judging``, each
+    with its verdict: 2 more (the open incidents' audit rows, the pause and breaker switches)."""
     if not nodes:
         return []
     ids = [n.id for n in nodes]
     names = [n.name for n in nodes]
-    rules: dict[str, set[str]] = defaultdict(set)
-    gpus: dict[str, set[str]] = defaultdict(set)
-    for node_name, rule, gpu in session.execute(
-        select(Finding.node_name, Finding.rule, Finding.gpu).where(
-            Finding.node_name.in_(names), Finding.state.in_([str(s) for s in ACTIVE_FINDINGS])
+    incidents = {
+        i.node_id: i
+        for i in session.scalars(
+            select(Incident).where(Incident.node_id.in_(ids), Incident.closed_at.is_(None))
         )
+    }
+    open_ids = {i.id for i in incidents.values()}
+    active = Finding.state.in_([str(s) for s in ACTIVE_FINDINGS])
+    by_node: dict[str, list[Finding]] = defaultdict(list)
+    for f in session.scalars(
+        select(Finding)
+        .where(
+            Finding.node_name.in_(names),
+            or_(active, Finding.incident_id.in_(open_ids)) if open_ids else active,
+        )
+        .order_by(Finding.id)
     ):
-        rules[node_name].add(rule)
-        if gpu is not None:
-            gpus[node_name].add(gpu)
+        by_node[f.node_name].append(f)
     gpu_counts = dict(
         session.execute(
             select(Gpu.node_id, func.count()).where(Gpu.node_id.in_(ids)).group_by(Gpu.node_id)
         ).all()
     )
-    blocked = {
-        node_id: (step, reason)
-        for node_id, step, reason in session.execute(
-            select(Incident.node_id, Incident.blocked_step, Incident.blocked_reason).where(
-                Incident.node_id.in_(ids), Incident.closed_at.is_(None), Incident.blocked_step.is_not(None)
-            )
-        )
-    }
-    tickets: dict[int, TicketBrief] = {}
+    tickets: dict[int, Ticket] = {}
     for t in session.scalars(
         select(Ticket).where(Ticket.node_id.in_(ids)).order_by(Ticket.created_at.desc(), Ticket.id.desc())
     ):
-        tickets.setdefault(
-            t.node_id, TicketBrief(id=t.id, provider=t.provider, status=t.status, external_id=t.external_id)
+        tickets.setdefault(t.node_id, t)
+    facts = _verdict_facts(session, nodes, incidents, by_node, tickets) if judging is not None else {}
+    out = []
+    for n in nodes:
+        inc = incidents.get(n.id)
+        found = by_node.get(n.name, [])
+        now_active = [f for f in found if f.state in ACTIVE_FINDINGS]
+        shown = now_active or [f for f in found if inc is not None and f.incident_id == inc.id]
+        rules = {f.rule for f in shown} | (
+            {inc.rule} if inc is not None and inc.rule and not now_active else set()
         )
-    tainted_only = set(
-        session.scalars(
-            select(Incident.node_id).where(
-                Incident.node_id.in_(ids),
-                Incident.closed_at.is_(None),
-                Incident.cordoned_by_healer.is_(False),
-                Incident.expect_unschedulable.is_(False),
-            )
-        )
-    )
-    return [
-        NodeSummary(
+        blocked = n.state == NodeState.BLOCKED and inc is not None and inc.blocked_step is not None
+        ticket = tickets.get(n.id)
+        summary = NodeSummary(
             name=n.name,
             pool=n.pool,
             state=n.state,
-            shown_state=shown_state(n.state, taint_only=n.id in tainted_only),
+            shown_state=shown_state(n.state, taint_only=_taint_only(inc)),
             state_since=n.state_since,
             opted_out=n.opted_out,
-            rules=sorted(rules.get(n.name, ())),
-            affected_gpus=sorted(gpus.get(n.name, ()), key=_gpu_sort_key),
+            rules=sorted(rules),
+            affected_gpus=sorted({f.gpu for f in shown if f.gpu is not None}, key=_gpu_sort_key),
             gpu_count=gpu_counts.get(n.id),
-            ticket=tickets.get(n.id),
-            drain_blocked=n.state == NodeState.BLOCKED and blocked.get(n.id, (None, None))[0] == "drain",
-            blocked_reason=blocked[n.id][1] if n.state == NodeState.BLOCKED and n.id in blocked else None,
+            ticket=(
+                TicketBrief(
+                    id=ticket.id,
+                    provider=ticket.provider,
+                    status=ticket.status,
+                    external_id=ticket.external_id,
+                )
+                if ticket is not None
+                else None
+            ),
+            drain_blocked=blocked and inc is not None and inc.blocked_step == "drain",
+            blocked_reason=inc.blocked_reason if blocked and inc is not None else None,
         )
-        for n in nodes
-    ]
+        if judging is not None:
+            judged = replace(
+                facts[n.id],
+                shown_state=summary.shown_state,
+                terms=_terms(judging.ruleset, facts[n.id].evidence, inc),
+            )
+            summary.verdict = verdicts.verdict(judged, now=judging.now, policy=judging.policy)
+        out.append(summary)
+    return out
+
+
+def _taint_only(incident: Incident | None) -> bool:
+    """Quarantined by healer's taint alone: healer holds the node and did not cordon it."""
+    return (
+        incident is not None
+        and incident.cordoned_by_healer is False
+        and incident.expect_unschedulable is False
+    )
+
+
+def _rule(ruleset: RuleSet | None, name: str | None) -> Rule | None:
+    if ruleset is None or name is None:
+        return None
+    try:
+        return ruleset.rule(name)
+    except KeyError:
+        return None
+
+
+def _terms(
+    ruleset: RuleSet | None, evidence: verdicts.Evidence | None, incident: Incident | None
+) -> verdicts.Terms | None:
+    """The loaded rule's threshold, hold, drain and tickets, for the evidence's rule (else the
+    incident's); None when the rule set does not have it."""
+    rule = _rule(ruleset, evidence.rule if evidence else (incident.rule if incident else None))
+    if rule is None:
+        return None
+    series = rule_series(rule)
+    return verdicts.Terms(
+        op=series.op,
+        threshold=series.threshold,
+        for_seconds=rule.for_,
+        drains=any(isinstance(a, DrainAction) for a in rule.actions),
+        tickets=tuple(a.provider for a in rule.actions if isinstance(a, TicketAction)),
+    )
+
+
+def _latest(findings: Iterable[Finding], rule: str | None) -> Finding | None:
+    """The finding an incident is told by: its rule's (the one healer follows) first, then one
+    still pending or firing, then the latest seen."""
+
+    def key(f: Finding) -> tuple[bool, bool, datetime, int]:
+        return (f.rule == rule, f.state in ACTIVE_FINDINGS, f.last_seen_at, f.id)
+
+    return max(findings, key=key, default=None)
+
+
+#: Audit rows the verdict reads: the steps healer took on the node (refusals of any kind too).
+_VERDICT_KINDS = ("cordon", "taint", "drain", "repair-request", "validation-job")
+
+
+def _verdict_facts(
+    session: Session,
+    nodes: Sequence[Node],
+    incidents: dict[int, Incident],
+    findings: dict[str, list[Finding]],
+    tickets: dict[int, Ticket],
+) -> dict[int, verdicts.VerdictFacts]:
+    """The facts of each node's verdict (node id → facts; ``terms`` and ``shown_state`` are filled
+    by the caller): 2 queries, the open incidents' audit rows (and the refusals of a node blocked
+    before any incident) and the pause and breaker switches."""
+    by_incident = {i.id: node_id for node_id, i in incidents.items()}
+    bare_blocked = [n.id for n in nodes if n.state == NodeState.BLOCKED and n.id not in incidents]
+    wanted: list[ColumnElement[bool]] = [Action.incident_id.in_(list(by_incident))] if by_incident else []
+    if bare_blocked:
+        wanted.append(and_(Action.node_id.in_(bare_blocked), Action.status == ActionStatus.REFUSED))
+    actions: dict[int, list[verdicts.Done]] = defaultdict(list)
+    refusals: dict[int, str] = {}
+    if wanted:
+        for a in session.scalars(
+            select(Action)
+            .where(or_(*wanted), or_(Action.kind.in_(_VERDICT_KINDS), Action.status == ActionStatus.REFUSED))
+            .order_by(Action.created_at, Action.id)
+        ):
+            node_id = by_incident.get(a.incident_id or -1, a.node_id)
+            if node_id is None:
+                continue
+            actions[node_id].append(
+                verdicts.Done(kind=a.kind, status=a.status, detail=a.detail or {}, error=a.error)
+            )
+            if a.status == ActionStatus.REFUSED and a.error:
+                refusals[node_id] = a.error
+    switches = {
+        row.name: dict(row.value)
+        for row in session.scalars(
+            select(Switch).where(Switch.name.in_([repo.SWITCH_PAUSED, repo.SWITCH_BREAKER]))
+        )
+    }
+    paused, breaker = switches.get(repo.SWITCH_PAUSED, {}), switches.get(repo.SWITCH_BREAKER, {})
+    fleet = verdicts.Fleet(
+        paused=bool(paused.get("paused")),
+        pause_reason=paused.get("reason") or None,
+        breaker_tripped=bool(breaker.get("tripped")),
+        breaker_reason=breaker.get("reason") or None,
+        breaker_held=frozenset(breaker.get("held", []) or []) if breaker.get("tripped") else frozenset(),
+    )
+    out = {}
+    for n in nodes:
+        inc = incidents.get(n.id)
+        mine = [f for f in findings.get(n.name, []) if inc is None or f.incident_id in (inc.id, None)]
+        latest = _latest(mine, inc.rule if inc else None)
+        ticket = tickets.get(n.id)
+        if ticket is not None and (inc is None or ticket.incident_id != inc.id):
+            ticket = None
+        out[n.id] = verdicts.VerdictFacts(
+            node=n.name,
+            state=n.state,
+            state_since=n.state_since,
+            opted_out=n.opted_out,
+            incident=_memory(inc) if inc is not None else None,
+            evidence=(
+                verdicts.Evidence(
+                    rule=latest.rule,
+                    gpu=latest.gpu,
+                    state=latest.state,
+                    value=latest.value,
+                    unit=latest.unit,
+                    active_since=latest.active_since,
+                    fired_at=latest.fired_at,
+                    resolved_at=latest.resolved_at,
+                )
+                if latest is not None
+                else None
+            ),
+            actions=tuple(actions.get(n.id, ())),
+            ticket=(
+                verdicts.TicketFacts(
+                    id=ticket.id,
+                    provider=ticket.provider,
+                    status=ticket.status,
+                    created_at=ticket.created_at,
+                    external_id=ticket.external_id,
+                    acknowledged_at=ticket.acknowledged_at,
+                )
+                if ticket is not None
+                else None
+            ),
+            fleet=fleet,
+            blocked_reason=(inc.blocked_reason if inc is not None else None) or refusals.get(n.id),
+        )
+    return out
+
+
+def _memory(i: Incident) -> verdicts.IncidentMemory:
+    """The incident row's remediation memory as the verdict reads it (a stored ladder step that
+    does not parse ends the ladder there)."""
+    kinds: list[str] = []
+    timeouts: list[float] = []
+    for step in i.ladder or []:
+        if not isinstance(step, dict) or not isinstance(step.get("timeout"), int | float):
+            break
+        kinds.append(str(step.get("kind")))
+        timeouts.append(float(step["timeout"]))
+    drain_timeout = (i.drain_options or {}).get("timeout_seconds")
+    return verdicts.IncidentMemory(
+        id=i.id,
+        opened_at=i.opened_at,
+        rule=i.rule,
+        cordoned_by_healer=bool(i.cordoned_by_healer),
+        blocked_step=i.blocked_step,
+        blocked_reason=i.blocked_reason,
+        clear_since=i.clear_since,
+        drain_started_at=i.drain_started_at,
+        drain_timeout_seconds=float(drain_timeout) if isinstance(drain_timeout, int | float) else None,
+        ladder=(
+            verdicts.LadderFacts(
+                kinds=tuple(kinds),
+                timeouts=tuple(timeouts),
+                index=i.ladder_index,
+                started_at=i.ladder_started_at,
+            )
+            if i.ladder
+            else None
+        ),
+        validation=i.validation,
+        release_requested=i.release_requested,
+    )
 
 
 def _gpu_sort_key(gpu: str) -> tuple[int, str]:
@@ -580,14 +801,17 @@ def get_node(session: Session, name: str) -> Node:
 NODE_PAGE_ROWS = 100
 
 
-def node_detail(session: Session, name: str, *, now: datetime) -> NodeDetail:
-    """Everything the node page shows, newest first, bounded by :data:`NODE_PAGE_ROWS` per history.
+def node_detail(session: Session, name: str, *, now: datetime, judging: Judging | None = None) -> NodeDetail:
+    """Everything the node page shows, newest first, bounded by :data:`NODE_PAGE_ROWS` per history;
+    the node's verdict and the incidents' headlines read the rule set of ``judging`` (by default
+    none: no thresholds or holds).
 
     Raises:
         ApiError: 404 for an unknown node.
     """
     node = get_node(session, name)
-    (summary,) = summarize_nodes(session, [node])
+    judging = judging or Judging(now=now)
+    (summary,) = summarize_nodes(session, [node], judging)
     incidents = list(
         session.scalars(
             select(Incident)
@@ -622,13 +846,14 @@ def node_detail(session: Session, name: str, *, now: datetime) -> NodeDetail:
         )
     )
     blind = blind_spots(session)
+    headlines = _incidents_out(session, incidents, {node.id: node.name}, judging.ruleset)
     return NodeDetail(
         blind_spots=[spot for spot in blind.spots if spot.node == node.name],
         blind_spots_observed_at=blind.observed_at,
         node=summary,
         gpus=[GpuOut.model_validate(g, from_attributes=True) for g in node.gpus],
-        open_incident=next((_incident(i, node.name) for i in incidents if i.closed_at is None), None),
-        incidents=[_incident(i, node.name) for i in incidents],
+        open_incident=next((h for h in headlines if h.closed_at is None), None),
+        incidents=headlines,
         transitions=[TransitionOut.model_validate(t, from_attributes=True) for t in transitions],
         findings=[FindingOut.model_validate(f, from_attributes=True) for f in findings],
         actions=[ActionOut.model_validate(a, from_attributes=True) for a in actions if a.kind != "note"],
@@ -637,15 +862,39 @@ def node_detail(session: Session, name: str, *, now: datetime) -> NodeDetail:
     )
 
 
-def _incident(i: Incident, node_name: str) -> IncidentOut:
+def _incidents_out(
+    session: Session, incidents: Sequence[Incident], names: dict[int, str], ruleset: RuleSet | None
+) -> list[IncidentOut]:
+    """``incidents`` headlined by their latest evidence (one query for all of their findings)."""
+    ids = [i.id for i in incidents]
+    found: dict[int, list[Finding]] = defaultdict(list)
+    if ids:
+        for f in session.scalars(select(Finding).where(Finding.incident_id.in_(ids))):
+            found[f.incident_id or 0].append(f)
+    return [
+        _incident(i, names.get(i.node_id, ""), _latest(found.get(i.id, []), i.rule), ruleset)
+        for i in incidents
+    ]
+
+
+def _incident(i: Incident, node_name: str, latest: Finding | None, ruleset: RuleSet | None) -> IncidentOut:
+    """The incident told by ``latest`` (its latest finding: rule, GPU, value now, the rule's hold
+    from ``ruleset``), keeping the summary it opened with as ``first_summary``."""
+    headline = finding_story(finding_from_row(latest), _rule(ruleset, latest.rule)) if latest else None
     return IncidentOut(
         id=i.id,
         node=node_name,
         opened_at=i.opened_at,
         closed_at=i.closed_at,
-        summary=i.summary,
+        summary=headline or i.summary,
+        first_summary=i.summary,
         close_reason=i.close_reason,
         escalated=i.escalated,
+        rule=latest.rule if latest else i.rule,
+        gpu=latest.gpu if latest else None,
+        value=latest.value if latest else None,
+        unit=latest.unit if latest else None,
+        evidence_at=latest.last_seen_at if latest else None,
     )
 
 
@@ -702,8 +951,10 @@ def list_incidents(
     open_only: bool = False,
     cursor: str | None = None,
     limit: int = 50,
+    ruleset: RuleSet | None = None,
 ) -> Page[IncidentOut]:
-    """Incidents, newest opened first."""
+    """Incidents, newest opened first, headlined by their latest finding (``ruleset``: the rules'
+    holds in the headline)."""
     query = select(Incident)
     if node:
         query = query.where(Incident.node_id == get_node(session, node).id)
@@ -711,8 +962,7 @@ def list_incidents(
         query = query.where(Incident.closed_at.is_(None))
 
     def convert(rows: list[Incident]) -> list[IncidentOut]:
-        names = _node_names(session, {r.node_id for r in rows})
-        return [_incident(r, names.get(r.node_id, "")) for r in rows]
+        return _incidents_out(session, rows, _node_names(session, {r.node_id for r in rows}), ruleset)
 
     return _page_by_time(
         session, query, Incident.opened_at, Incident.id, cursor, limit, "incidents", IncidentOut, convert

@@ -43,6 +43,39 @@ class TicketBrief(BaseModel):
     external_id: str | None = None
 
 
+class VerdictOut(BaseModel):
+    """The node in one line, derived from the lifecycle's own records (:mod:`api.verdict`): what
+    fired, what healer did, what it waits for next (and when the node is expected back, where
+    known), and what a person should do."""
+
+    fired: str = Field(
+        description="Rule, GPU, the latest value against the rule's threshold and for how long; "
+        "'nothing' when no rule fired."
+    )
+    did: str = Field(
+        description="What healer did on the open incident: cordoned, tainted, drained, asked for a repair ..."
+    )
+    waiting_for: str = Field(
+        description="What healer waits for next: the drain, the provider's ticket, the hold ..."
+    )
+    expected_back: datetime | None = Field(
+        None, description="When the node should be back in service; null: not known."
+    )
+    human: str = Field(description="What a person should do: often 'nothing: healer is handling it'.")
+    needs_human: bool = Field(False, description="True when healer cannot go on without a person.")
+    rule: str | None = None
+    gpu: str | None = None
+    value: float | None = Field(None, description="The finding's latest value, in `unit`.")
+    unit: str | None = None
+    threshold: str | None = Field(
+        None, description="The rule's final comparison, e.g. '> 78'; null: not known."
+    )
+    held_seconds: float | None = Field(
+        None, description="How long the condition has held (or held, once cleared)."
+    )
+    line: str = Field(description="All of it in one sentence, as the dashboard shows it.")
+
+
 class NodeSummary(BaseModel):
     """A node in lists: state and why (active rules, affected GPUs), and its latest ticket."""
 
@@ -54,7 +87,11 @@ class NodeSummary(BaseModel):
     shown_state: str = Field(
         "", description="The state named for what happened: 'tainted' for a quarantine by taint alone."
     )
-    rules: list[str] = Field(default_factory=list, description="Rules with a pending or firing finding.")
+    rules: list[str] = Field(
+        default_factory=list,
+        description="Rules with a pending or firing finding; when none (validating, awaiting repair after "
+        "its findings cleared), the rules of its open incident.",
+    )
     affected_gpus: list[str] = Field(default_factory=list, description="GPUs named by those findings.")
     gpu_count: int | None = Field(
         None,
@@ -66,6 +103,7 @@ class NodeSummary(BaseModel):
         False, description="Blocked because its drain could not finish (PodDisruptionBudgets, refused pods)."
     )
     blocked_reason: str | None = None
+    verdict: VerdictOut | None = Field(None, description="The node in one line; null where not judged.")
 
 
 class AttentionOut(BaseModel):
@@ -129,13 +167,27 @@ class ActionOut(BaseModel):
 
 
 class IncidentOut(BaseModel):
+    """An incident, headlined by its latest evidence: ``summary`` tells the incident's latest
+    finding (rule, GPU, its latest value), ``first_summary`` what was recorded when it opened."""
+
     id: int
     node: str
     opened_at: datetime
     closed_at: datetime | None
-    summary: str
+    summary: str = Field(
+        description="The headline from the incident's latest finding (its value now, or its last value "
+        "once resolved); the first summary when no finding is attached."
+    )
     close_reason: str | None
     escalated: bool
+    first_summary: str = Field("", description="The summary recorded when the incident opened.")
+    rule: str | None = Field(
+        None, description="The rule of the latest finding (else the rule healer follows)."
+    )
+    gpu: str | None = None
+    value: float | None = Field(None, description="The latest finding's latest value, in `unit`.")
+    unit: str | None = None
+    evidence_at: datetime | None = Field(None, description="When that value was last seen.")
 
 
 class TicketOut(BaseModel):

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from api import operator, queries
 from api.auth import CSRF_HEADER, Auth, Identity
 from api.deps import (
+    JudgingDep,
     NowDep,
     PrometheusDep,
     RowId,
@@ -93,9 +94,13 @@ def status(session: SessionDep, now: NowDep, ruleset: RuleSetDep, settings: Sett
 @router.get("/nodes", response_model=Page[NodeSummary], summary="List nodes")
 def list_nodes(
     session: SessionDep,
+    judging: JudgingDep,
     state: Annotated[list[str] | None, Query(description="Any of these states (repeatable).")] = None,
     pool: str | None = None,
-    rule: Annotated[str | None, Query(description="Nodes with a pending or firing finding of it.")] = None,
+    rule: Annotated[
+        str | None,
+        Query(description="Nodes with a pending or firing finding of it, or an open incident of it."),
+    ] = None,
     q: Annotated[str | None, Query(description="Substring of the node name.")] = None,
     unhealthy: Annotated[bool, Query(description="Only nodes not healthy.")] = False,
     sort: Annotated[
@@ -104,7 +109,8 @@ def list_nodes(
     cursor: CursorQ = None,
     limit: Limit = 50,
 ) -> Page[NodeSummary]:
-    """Nodes with their state, active rules, affected GPUs and latest ticket."""
+    """Nodes with their state, active rules, affected GPUs, latest ticket and verdict (what fired,
+    what healer did, what it waits for, what a person should do)."""
     flt = queries.NodeFilter(states=tuple(state or ()), pool=pool, rule=rule, text=q, unhealthy=unhealthy)
     return queries.list_nodes(
         session,
@@ -112,13 +118,15 @@ def list_nodes(
         sort="name" if sort == "name" else "since",
         cursor=cursor,
         limit=limit,
+        judging=judging,
     )
 
 
 @router.get("/nodes/{name}", response_model=NodeDetail, summary="One node")
-def get_node(name: str, session: SessionDep, now: NowDep) -> NodeDetail:
-    """The node with its GPUs, incidents and the latest transitions, findings, actions, notes, tickets."""
-    return queries.node_detail(session, name, now=now)
+def get_node(name: str, session: SessionDep, now: NowDep, judging: JudgingDep) -> NodeDetail:
+    """The node with its verdict, GPUs, incidents and the latest transitions, findings, actions,
+    notes, tickets."""
+    return queries.node_detail(session, name, now=now, judging=judging)
 
 
 @router.get("/nodes/{name}/history", response_model=Page[TransitionOut], summary="A node's transitions")
@@ -132,13 +140,17 @@ def node_history(
 @router.get("/incidents", response_model=Page[IncidentOut], summary="List incidents")
 def list_incidents(
     session: SessionDep,
+    ruleset: RuleSetDep,
     node: str | None = None,
     open: Annotated[bool, Query(description="Only incidents not closed yet.")] = False,
     cursor: CursorQ = None,
     limit: Limit = 50,
 ) -> Page[IncidentOut]:
-    """Incidents, newest first."""
-    return queries.list_incidents(session, node=node, open_only=open, cursor=cursor, limit=limit)
+    """Incidents, newest first, each headlined by its latest finding (``summary``; ``first_summary``
+    is what was recorded when it opened)."""
+    return queries.list_incidents(
+        session, node=node, open_only=open, cursor=cursor, limit=limit, ruleset=ruleset
+    )
 
 
 @router.get("/findings", response_model=Page[FindingOut], summary="List findings")

@@ -21,6 +21,7 @@ from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, 
 from api.deps import (
     FleetQueryDep,
     IdentityDep,
+    JudgingDep,
     NowDep,
     PrometheusDep,
     RowId,
@@ -77,6 +78,7 @@ def _fleet_context(
     settings: Settings,
     filters: dict[str, str | None],
     cursor: str | None,
+    judging: queries.Judging,
 ) -> dict[str, Any]:
     """What the fleet page and its refreshing fragment show: nodes needing attention, counts,
     switches, budgets, the nodes that are not healthy, rule health."""
@@ -95,12 +97,15 @@ def _fleet_context(
         text=filters["q"],
         unhealthy=not state,
     )
-    page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE)
+    page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE, judging=judging)
     return {
         "status": status,
         "source": status.source,
         "attention": queries.needs_attention(
-            session, now=now, awaiting_repair_seconds=settings.api.awaiting_repair_attention_hours * 3600
+            session,
+            now=now,
+            awaiting_repair_seconds=settings.api.awaiting_repair_attention_hours * 3600,
+            judging=judging,
         ),
         "blind": queries.blind_spots(session),
         "page": page,
@@ -125,10 +130,11 @@ def fleet(
     settings: SettingsDep,
     _who: IdentityDep,
     query: FleetQueryDep,
+    judging: JudgingDep,
 ) -> Response:
     """Nodes needing attention first, then counts, switches and budgets, the nodes that are not
     healthy, and rule health; the content refreshes itself (``/fragments/fleet``)."""
-    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor)
+    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor, judging)
     return render(request, "fleet.html", {**context, "done": _done(request)})
 
 
@@ -141,9 +147,10 @@ def fleet_fragment(
     settings: SettingsDep,
     _who: IdentityDep,
     query: FleetQueryDep,
+    judging: JudgingDep,
 ) -> Response:
     """The fleet page's content alone (HTML), for its refresh without a full reload."""
-    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor)
+    context = _fleet_context(session, now, ruleset, settings, query.filters, query.cursor, judging)
     return render(request, "_fleet_live.html", context)
 
 
@@ -164,10 +171,16 @@ def _fired_rule(detail: NodeDetail, ruleset: RuleSet | None) -> Rule | None:
 
 @router.get("/nodes/{name}")
 def node_page(
-    name: str, request: Request, session: SessionDep, now: NowDep, ruleset: RuleSetDep, _who: IdentityDep
+    name: str,
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    _who: IdentityDep,
+    judging: JudgingDep,
 ) -> Response:
-    """Timeline, findings, actions, tickets, GPUs, notes and the chart of one node."""
-    detail = queries.node_detail(session, name, now=now)
+    """The verdict, timeline, findings, actions, tickets, GPUs, notes and the chart of one node."""
+    detail = queries.node_detail(session, name, now=now, judging=judging)
     incident = detail.open_incident or (detail.incidents[0] if detail.incidents else None)
     start, end = charts.chart_window(
         incident.opened_at if incident else None, incident.closed_at if incident else None, now=now

@@ -430,9 +430,10 @@ def _evidence(findings: Sequence[Finding]) -> dict[str, object] | None:
     return {"findings": [f.evidence for f in findings]}
 
 
-def _value_text(finding: Finding) -> str:
-    """The finding's value as a person reads it: counts whole, others to 4 significant digits."""
-    value = finding.value
+def value_text(value: float | None, unit: str | None) -> str:
+    """A finding's value as a person reads it, with its unit: counts whole, others to 4
+    significant digits (``1.032`` errors reads ``1``; ``85.53`` with ``degrees C`` reads
+    ``85.53 degrees C``); ``no value`` for None."""
     if value is None:
         return "no value"
     if not math.isfinite(value):
@@ -441,7 +442,11 @@ def _value_text(finding: Finding) -> str:
         text = str(round(value))  # increase() of a counter is a count: 1.032 errors reads "1"
     else:
         text = f"{value:.4g}"
-    return f"{text} {finding.unit}" if finding.unit else text
+    return f"{text} {unit}" if unit else text
+
+
+def _value_text(finding: Finding) -> str:
+    return value_text(finding.value, finding.unit)
 
 
 def _hold(rule: Rule | None) -> str:
@@ -452,13 +457,20 @@ def _hold(rule: Rule | None) -> str:
 
 
 def _finding_story(finding: Finding, ctx: Context) -> str:
-    """One line naming the rule, where, its value and its real hold: ``GpuTooHot firing on GPU 3
-    (value 81 C, held 30s): GPU 3 at 81 C, above 78 C``."""
-    rule = ctx.rule(finding.rule)
+    return finding_story(finding, ctx.rule(finding.rule))
+
+
+def finding_story(finding: Finding, rule: Rule | None) -> str:
+    """One line naming the rule, where, its value and its real hold (``rule``'s ``for``; none
+    without the rule): ``GpuTooHot firing on GPU 3 (value 81 C, held 30s): GPU 3 at 81 C, above
+    78 C``. A resolved finding reads ``resolved`` with its last value."""
     where = f" on GPU {finding.gpu}" if finding.gpu else ""
     if finding.state == FindingState.FIRING:
         state = "firing"
         detail = ", ".join(p for p in (f"value {_value_text(finding)}", _hold(rule)) if p)
+    elif finding.state == FindingState.RESOLVED:
+        state = "resolved"
+        detail = f"last value {_value_text(finding)}"
     else:
         state = "pending"
         wait = f"acts if it holds {format_duration(rule.for_)}" if rule is not None and rule.for_ > 0 else ""

@@ -130,10 +130,24 @@ def test_fleet_to_node_page_with_timeline_and_chart(dashboard: Dashboard, page: 
     expect(page.get_by_role("heading", name="Fleet")).to_be_visible()
     nodes = page.get_by_test_id("nodes")
     expect(nodes).to_contain_text("quarantined")
+    row = nodes.locator("tr", has=page.get_by_role("link", name=NODE))
+    expect(row.get_by_test_id("row-verdict")).to_contain_text("You: nothing: healer is handling it")
     nodes.get_by_role("link", name=NODE).click()
 
     expect(page).to_have_url(f"{dashboard.url}/nodes/{NODE}")
     expect(page.get_by_test_id("node-name")).to_have_text(NODE)
+    # The verdict first: what fired (the latest value against the rule's threshold), what healer
+    # did, what it waits for, and what a person should do.
+    verdict = page.get_by_test_id("verdict")
+    expect(verdict).to_be_visible()
+    expect(page.get_by_test_id("verdict-fired")).to_contain_text(
+        "GpuTooHot on GPU 3: 85.5 degrees C (threshold > 78)"
+    )
+    expect(page.get_by_test_id("verdict-did")).to_contain_text("asked default for a repair")
+    expect(page.get_by_test_id("verdict-waiting")).not_to_be_empty()
+    expect(page.get_by_test_id("verdict-human")).to_have_text("nothing: healer is handling it")
+    # The incident's headline is its latest evidence, not the words it opened with.
+    expect(page.get_by_test_id("incident-headline")).to_contain_text("value 85.5 degrees C")
     timeline = page.get_by_test_id("timeline")
     expect(timeline).to_contain_text("GpuTooHot firing for 5m")
     expect(timeline).to_contain_text("suspect")

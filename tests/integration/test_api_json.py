@@ -8,10 +8,12 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.model.states import NodeState
 from healer.store import nodes as repo
+from healer.store.models import Finding
 from tests.integration.test_api_support import (
     EVIL_LABEL,
     NOW,
@@ -23,6 +25,7 @@ from tests.integration.test_api_support import (
 )
 
 OP = bearer(OPERATOR_TOKEN)
+HOT_HEADLINE = "GpuTooHot firing on GPU 3 (value 85.5 degrees C, held 5m): GPU 3 above 78 C"
 
 
 @pytest.fixture
@@ -110,9 +113,10 @@ class TestLists:
 
     def test_incidents(self, client: httpx.Client) -> None:
         body = client.get("/api/v1/incidents").json()
-        assert [(i["node"], i["summary"]) for i in body["items"]] == [
-            ("gpu-node-07", "GPU 3 too hot"),
-            ("gpu-node-03", "Xid 79"),
+        # Headlined by the incident's finding; gpu-node-03's finding is on no incident: as opened.
+        assert [(i["node"], i["summary"], i["first_summary"]) for i in body["items"]] == [
+            ("gpu-node-07", HOT_HEADLINE, "GPU 3 too hot"),
+            ("gpu-node-03", "Xid 79", "Xid 79"),
         ]
         only = client.get("/api/v1/incidents", params={"node": "gpu-node-03", "open": True}).json()
         assert [i["node"] for i in only["items"]] == ["gpu-node-03"]
@@ -186,7 +190,15 @@ class TestNode:
         assert body["node"]["state"] == "quarantined"
         assert [g["index"] for g in body["gpus"]] == list(range(8))
         assert body["gpus"][3]["pci_bus_id"] == "00000000:15:00.0"
-        assert body["open_incident"]["summary"] == "GPU 3 too hot"
+        assert body["open_incident"]["summary"] == HOT_HEADLINE
+        assert body["open_incident"]["first_summary"] == "GPU 3 too hot"
+        verdict = body["node"]["verdict"]
+        assert verdict["fired"] == "GpuTooHot on GPU 3: 85.5 degrees C (threshold > 78), firing for 1h 0m"
+        assert (verdict["value"], verdict["threshold"], verdict["held_seconds"]) == (85.5, "> 78", 3600.0)
+        assert (
+            verdict["did"] == "would have cordoned (dry-run), asked default for a repair (ticket #1, pending)"
+        )
+        assert verdict["human"] == "nothing: healer is handling it" and not verdict["needs_human"]
         assert [t["to_state"] for t in body["transitions"]] == ["quarantined", "suspect"]
         assert body["transitions"][0]["evidence"]["value"] == 85.5
         assert [a["kind"] for a in body["actions"]] == ["cordon"]
@@ -219,6 +231,121 @@ class TestNode:
                 break
         # Equal timestamps are ordered by id: nothing lost or repeated at page edges.
         assert reasons == [f"r{i}" for i in reversed(range(25))]
+
+
+def _hot_finding(node: str, incident_id: int | None, **kw: object) -> Finding:
+    values: dict[str, object] = {
+        "rule": "GpuTooHot",
+        "series_key": f"{node}/0",
+        "node_name": node,
+        "gpu": "0",
+        "state": "pending",
+        "severity": "critical",
+        "value": 79.0,
+        "unit": "degrees C",
+        "labels": {"gpu": "0", "Hostname": node},
+        "summary": "GPU 0 above 78 C",
+        "active_since": NOW - timedelta(minutes=20),
+        "fired_at": None,
+        "resolved_at": None,
+        "last_seen_at": NOW - timedelta(minutes=20),
+        "incident_id": incident_id,
+    }
+    return Finding(**{**values, **kw})
+
+
+class TestHeadlineAndVerdict:
+    def test_the_incident_headline_follows_a_later_finding(
+        self, client: httpx.Client, session_factory: sessionmaker[Session]
+    ) -> None:
+        first = "GpuTooHot pending on GPU 0 (value 79 degrees C, acts if it holds 5m): GPU 0 above 78 C"
+        with session_factory() as s, s.begin():
+            node = repo.get_or_create_node(s, "gpu-node-30", now=NOW - timedelta(days=1), pool="h100")
+            incident = repo.ensure_incident(s, node, now=NOW - timedelta(minutes=20), summary=first)
+            s.add(_hot_finding(node.name, incident.id))
+            repo.transition(
+                s, node, NodeState.SUSPECT, now=NOW - timedelta(minutes=20), actor="healer", reason=first
+            )
+        (opened,) = client.get("/api/v1/incidents", params={"node": "gpu-node-30"}).json()["items"]
+        assert opened["summary"] == first
+        assert (opened["value"], opened["unit"]) == (79.0, "degrees C")
+
+        # Later ticks: it fired, and the node was drained at 84-86 C.
+        with session_factory() as s, s.begin():
+            s.execute(
+                update(Finding)
+                .where(Finding.series_key == "gpu-node-30/0")
+                .values(state="firing", value=86.0, fired_at=NOW - timedelta(minutes=15), last_seen_at=NOW)
+            )
+            node = repo.get_or_create_node(s, "gpu-node-30", now=NOW)
+            repo.transition(
+                s, node, NodeState.DRAINING, now=NOW - timedelta(minutes=10), actor="healer", reason="x"
+            )
+        (now,) = client.get("/api/v1/incidents", params={"node": "gpu-node-30"}).json()["items"]
+        assert now["summary"] == "GpuTooHot firing on GPU 0 (value 86 degrees C, held 5m): GPU 0 above 78 C"
+        assert now["first_summary"] == first
+        assert (now["rule"], now["gpu"], now["value"], now["evidence_at"]) == (
+            "GpuTooHot",
+            "0",
+            86.0,
+            "2026-03-01T12:00:00Z",
+        )
+        detail = client.get("/api/v1/nodes/gpu-node-30").json()
+        assert detail["open_incident"]["summary"] == now["summary"]
+        assert detail["node"]["verdict"]["value"] == 86.0
+        page = client.get("/nodes/gpu-node-30").text
+        # The page's incident line too (the timeline keeps the suspect step's own words).
+        headline = page[page.index('data-testid="incident-headline">') :].split("</span>", 1)[0]
+        assert "value 86 degrees C" in headline and "acts if it holds" not in headline
+        assert "(opened as: GpuTooHot pending on GPU 0 (value 79 degrees C" in page
+
+    def test_a_validating_node_keeps_its_rule_and_says_when_it_is_back(
+        self, client: httpx.Client, session_factory: sessionmaker[Session]
+    ) -> None:
+        with session_factory() as s, s.begin():
+            node = repo.get_or_create_node(s, "gpu-node-31", now=NOW - timedelta(days=1), pool="h100")
+            incident = repo.ensure_incident(s, node, now=NOW - timedelta(hours=2), summary="GpuTooHot firing")
+            incident.rule = "GpuTooHot"
+            incident.cordoned_by_healer = True
+            incident.expect_unschedulable = True
+            incident.clear_since = NOW - timedelta(minutes=2)
+            s.add(
+                _hot_finding(
+                    node.name,
+                    incident.id,
+                    state="resolved",
+                    value=85.0,
+                    active_since=NOW - timedelta(hours=2),
+                    fired_at=NOW - timedelta(hours=2) + timedelta(minutes=5),
+                    resolved_at=NOW - timedelta(minutes=3),
+                    last_seen_at=NOW - timedelta(minutes=3),
+                )
+            )
+            repo.transition(
+                s,
+                node,
+                NodeState.VALIDATING,
+                now=NOW - timedelta(minutes=3),
+                actor="healer",
+                reason="repaired",
+            )
+        (row,) = client.get("/api/v1/nodes", params={"state": "validating"}).json()["items"]
+        assert (row["rules"], row["affected_gpus"]) == (["GpuTooHot"], ["0"])
+        verdict = row["verdict"]
+        assert verdict["waiting_for"] == "the recovery hold (5m, clear since 2026-03-01 11:58:00Z)"
+        assert verdict["expected_back"] == "2026-03-01T12:03:00Z"
+        assert verdict["fired"].startswith(
+            "GpuTooHot on GPU 0: 85 degrees C (threshold > 78), cleared 3m 0s ago"
+        )
+        by_rule = client.get("/api/v1/nodes", params={"rule": "GpuTooHot"}).json()["items"]
+        assert "gpu-node-31" in [n["name"] for n in by_rule]
+        fragment = client.get("/fragments/fleet", params={"state": "validating"}).text
+        assert "GpuTooHot" in fragment and "back by 2026-03-01 12:03:00Z" in fragment
+
+    def test_a_node_blocked_by_the_budget_waits_for_room(self, client: httpx.Client) -> None:
+        (row,) = client.get("/api/v1/nodes", params={"state": "blocked"}).json()["items"]
+        assert row["verdict"]["waiting_for"].startswith("room in its pool's budget (budget: 2 of 2 nodes")
+        assert not row["verdict"]["needs_human"]
 
 
 class TestActions:
