@@ -135,3 +135,26 @@ def test_each_group_is_evaluated_at_its_own_interval(monkeypatch: pytest.MonkeyP
     assert report.step_seconds == 30
     fired = {(n.node, n.rule): n.fired for n in report.nodes if n.fired}
     assert fired == {("gpu-node-03", "Fast"): [HOT_FROM + timedelta(minutes=5)]}
+
+
+def test_the_dashboards_rule_backtest_defaults_to_the_rules_interval(
+    rules: Path, migrated_sqlite_url: str
+) -> None:
+    from healer.ruleset.loading import load_ruleset
+    from healer.store.session import make_engine, make_sessionmaker
+    from tests.integration.test_api_support import build_app, http_client
+
+    ruleset = load_ruleset([rules], promtool=False)
+    engine = make_engine(migrated_sqlite_url)
+    app = build_app(make_sessionmaker(engine), clock=lambda: END, ruleset_provider=lambda: ruleset)
+    window = {"days": 10 / 1440}
+    try:
+        with http_client(app) as client:
+            page = client.get("/rules/GpuTooHot/backtest", params=window)
+            assert page.status_code == 200, page.text
+            assert 'data-node="gpu-node-03"' in page.text
+            stepped = client.get("/rules/GpuTooHot/backtest", params={**window, "step": 300})
+            assert stepped.status_code == 200, stepped.text
+            assert 'data-node="gpu-node-03"' not in stepped.text
+    finally:
+        engine.dispose()
