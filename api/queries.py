@@ -47,6 +47,7 @@ from api.schemas import (
     TransitionOut,
     UnresolvedSeriesOut,
 )
+from healer import history
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.safety import PoolUsage, breaker_trips_at
@@ -703,12 +704,14 @@ def list_incidents(
     cursor: str | None = None,
     limit: int = 50,
 ) -> Page[IncidentOut]:
-    """Incidents, newest opened first."""
-    query = select(Incident)
+    """Incidents, newest opened first (filtered as ``healer incident list`` filters them).
+
+    Raises:
+        ApiError: 404 unknown node, 400 invalid cursor.
+    """
     if node:
-        query = query.where(Incident.node_id == get_node(session, node).id)
-    if open_only:
-        query = query.where(Incident.closed_at.is_(None))
+        get_node(session, node)  # 404 for a node healer does not know
+    query = history.incident_query(history.IncidentFilter(node=node, state="open" if open_only else None))
 
     def convert(rows: list[Incident]) -> list[IncidentOut]:
         names = _node_names(session, {r.node_id for r in rows})
