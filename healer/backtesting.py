@@ -113,12 +113,13 @@ def backtest(
             mine: dict[str, QueryResult | SourceError] = {
                 key[len(prefix) :]: value for key, value in results.items() if key.startswith(prefix)
             }
-            if per_group:
-                mine = _due_only(replay.ruleset, mine, last[i], at, default_interval, step)
+            # Failures are counted at every tick (the report's "failed in N of M ticks"), due or not.
             for name, value in mine.items():
                 if isinstance(value, SourceError):
                     failed[i, name] = failed.get((i, name), 0) + 1
                     first_error.setdefault((i, name), str(value))
+            if per_group:
+                mine = _due_only(replay.ruleset, mine, last[i], at, default_interval, step)
             if addresses is not None and not book and needs_addresses(replay.ruleset, mine):
                 book.append(_read(addresses))
             replay.tick(at, mine, fleet=fleet, addresses=book[0] if book else None)

@@ -158,3 +158,27 @@ def test_the_dashboards_rule_backtest_defaults_to_the_rules_interval(
             assert 'data-node="gpu-node-03"' not in stepped.text
     finally:
         engine.dispose()
+
+
+def test_a_prometheus_that_never_answers_fails_every_tick_of_every_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Counted at every tick, due or not: a slow group's rule still reads as failed throughout, so
+    the CLI and the dashboard say no query succeeded instead of showing a report of zeros."""
+    from healer.errors import SourceUnavailable
+
+    def down(self: PrometheusRange, expr: str, **_: object) -> list[RangeSeries]:
+        raise SourceUnavailable("connection refused")
+
+    monkeypatch.setattr(PrometheusRange, "query_range", down)
+    ruleset = RuleSet(groups=(_group("fast", 30, "Fast"), _group("slow", 300, "Slow")))
+    (report,) = backtest(
+        PrometheusRange("http://127.0.0.1:9"),
+        [("current", ruleset)],
+        start=START,
+        end=END,
+        step_seconds=None,
+        settings=ReplaySettings(),
+        fleet_query=None,
+    )
+    assert {f.rule: f.ticks for f in report.failures} == {"Fast": report.ticks, "Slow": report.ticks}
