@@ -49,6 +49,7 @@ from api.schemas import (
     TransitionOut,
     UnresolvedSeriesOut,
 )
+from healer import history
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.lifecycle import finding_story
@@ -953,13 +954,15 @@ def list_incidents(
     limit: int = 50,
     ruleset: RuleSet | None = None,
 ) -> Page[IncidentOut]:
-    """Incidents, newest opened first, headlined by their latest finding (``ruleset``: the rules'
-    holds in the headline)."""
-    query = select(Incident)
+    """Incidents, newest opened first (filtered as ``healer incident list`` filters them),
+    headlined by their latest finding (``ruleset``: the rules' holds in the headline).
+
+    Raises:
+        ApiError: 404 unknown node, 400 invalid cursor.
+    """
     if node:
-        query = query.where(Incident.node_id == get_node(session, node).id)
-    if open_only:
-        query = query.where(Incident.closed_at.is_(None))
+        get_node(session, node)  # 404 for a node healer does not know
+    query = history.incident_query(history.IncidentFilter(node=node, state="open" if open_only else None))
 
     def convert(rows: list[Incident]) -> list[IncidentOut]:
         return _incidents_out(session, rows, _node_names(session, {r.node_id for r in rows}), ruleset)

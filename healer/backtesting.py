@@ -4,6 +4,12 @@ per rule set (``healer.engine.replay``), summed up as reports (``healer.engine.b
 All rule sets see the same ticks: each chunk of history is queried once for the union of their
 expressions (an expression shared by both sets is queried once), then fed to every replay. Nothing
 is written anywhere: no cluster, no provider, no database.
+
+The step: by default (``step_seconds`` None) the ticks come every rule's own evaluation interval,
+as the controller evaluates them: its group's ``interval``, else ``default_interval``; the ticks
+are the shortest such interval (:func:`healer.engine.schedule.tick_seconds`) and each group is
+evaluated only when due (:func:`healer.engine.schedule.due_groups`), its rules frozen in between.
+An explicit step evaluates every rule at every tick.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from datetime import datetime
 from healer.engine.backtest import QueryFailure, Report, summarize
 from healer.engine.evaluation import QueryResult, needs_addresses, node_of
 from healer.engine.replay import Replay, ReplaySettings
+from healer.engine.schedule import due_groups, tick_seconds
 from healer.errors import HealerError, SourceError
 from healer.model.addresses import AddressBook, failed_book
 from healer.ruleset.schema import DEFAULT_NODE_LABELS, RuleSet
@@ -26,9 +33,20 @@ DEFAULT_FLEET_QUERY = "group by (Hostname, hostname, node, kubernetes_node, node
 _FLEET = "\x00fleet"
 
 
+#: Seconds between evaluations of a group without an ``interval``, when the caller gives none (the
+#: scheduler's ``default_interval_seconds`` default).
+DEFAULT_INTERVAL_SECONDS = 30.0
+
+
 def tick_count(start: datetime, end: datetime, step_seconds: float) -> int:
     """How many ticks the window has (for a progress bar)."""
     return len(tick_times(start, end, step_seconds))
+
+
+def default_step(rulesets: Sequence[RuleSet], default_interval: float = DEFAULT_INTERVAL_SECONDS) -> float:
+    """The backtest's step when none is given: the shortest evaluation interval of any rule (its
+    group's ``interval``, else ``default_interval``), seconds, as the controller ticks."""
+    return min(tick_seconds(r.groups, default_interval) for r in rulesets) if rulesets else default_interval
 
 
 def backtest(
@@ -37,14 +55,18 @@ def backtest(
     *,
     start: datetime,
     end: datetime,
-    step_seconds: float,
+    step_seconds: float | None,
     settings: ReplaySettings,
+    default_interval: float = DEFAULT_INTERVAL_SECONDS,
     fleet_query: str | None = DEFAULT_FLEET_QUERY,
     chunk_seconds: float = DEFAULT_CHUNK_SECONDS,
     progress: Callable[[int], None] | None = None,
     addresses: Callable[[], AddressBook] | None = None,
 ) -> list[Report]:
     """Replay ``[start, end]`` every ``step_seconds`` through each ``(label, ruleset)``; one report each.
+
+    ``step_seconds`` None: every rule at its own evaluation interval (its group's, else
+    ``default_interval``), ticking at the shortest (:func:`default_step`); see the module docstring.
 
     ``fleet_query`` returns one series per node of the fleet (its node label names it); None counts
     only the nodes the rules return. ``progress`` gets the ticks done after each chunk. A rule whose
@@ -63,6 +85,10 @@ def backtest(
     if fleet_query:
         queries[_FLEET] = fleet_query
     replays = [Replay(ruleset, settings) for _, ruleset in rulesets]
+    per_group = step_seconds is None
+    step = default_step([r for _, r in rulesets], default_interval) if step_seconds is None else step_seconds
+    # Per replay: group name -> when it was last evaluated (group intervals, default step only).
+    last: list[dict[str, datetime]] = [{} for _ in rulesets]
     book: list[AddressBook] = []  # read once, when first needed
     # (set index, rule) -> ticks failed and the first error: the report must say what it did not see.
     failed: dict[tuple[int, str], int] = {}
@@ -72,7 +98,7 @@ def backtest(
         queries,
         start=start,
         end=end,
-        step_seconds=step_seconds,
+        step_seconds=step,
         chunk_seconds=chunk_seconds,
         progress=progress,
     ):
@@ -87,10 +113,13 @@ def backtest(
             mine: dict[str, QueryResult | SourceError] = {
                 key[len(prefix) :]: value for key, value in results.items() if key.startswith(prefix)
             }
+            # Failures are counted at every tick (the report's "failed in N of M ticks"), due or not.
             for name, value in mine.items():
                 if isinstance(value, SourceError):
                     failed[i, name] = failed.get((i, name), 0) + 1
                     first_error.setdefault((i, name), str(value))
+            if per_group:
+                mine = _due_only(replay.ruleset, mine, last[i], at, default_interval, step)
             if addresses is not None and not book and needs_addresses(replay.ruleset, mine):
                 book.append(_read(addresses))
             replay.tick(at, mine, fleet=fleet, addresses=book[0] if book else None)
@@ -101,7 +130,7 @@ def backtest(
                 rules=[r.name for r in ruleset.rules],
                 start=start,
                 end=end,
-                step_seconds=step_seconds,
+                step_seconds=step,
                 label=label,
             ),
             failures=[
@@ -112,6 +141,24 @@ def backtest(
         )
         for i, (replay, (label, ruleset)) in enumerate(zip(replays, rulesets, strict=True))
     ]
+
+
+def _due_only(
+    ruleset: RuleSet,
+    results: dict[str, QueryResult | SourceError],
+    last: dict[str, datetime],
+    at: datetime,
+    default_interval: float,
+    step: float,
+) -> dict[str, QueryResult | SourceError]:
+    """The results of the rules whose group is due at ``at`` (``last`` updated); the others are
+    left out, so the replay freezes them for the tick, as the controller does between a group's
+    evaluations."""
+    due = due_groups(ruleset.groups, last, at, default_interval=default_interval, tick_seconds=step)
+    for name in due:
+        last[name] = at
+    wanted = {r.name for g in ruleset.groups if g.name in due for r in g.rules}
+    return {name: value for name, value in results.items() if name in wanted}
 
 
 def _read(addresses: Callable[[], AddressBook]) -> AddressBook:

@@ -23,7 +23,7 @@ from healer.ruleset.schema import RuleGroup, RuleSet
 
 router = APIRouter(include_in_schema=False)
 
-#: Longest window the page replays, days (a week at a 5-minute step is 2,016 ticks).
+#: Longest window the page replays, days (a week at the usual 30 s interval is 20,160 ticks).
 MAX_DAYS = 14
 
 
@@ -36,10 +36,19 @@ def rule_backtest(
     source: HistoryDep,
     _who: IdentityDep,
     days: Annotated[float, Query(gt=0, le=MAX_DAYS)] = 7,
-    step: Annotated[float, Query(ge=30, le=3600, description="Seconds between ticks.")] = 300,
+    step: Annotated[
+        float | None,
+        Query(
+            ge=1,
+            le=3600,
+            description="Seconds between ticks (default: the rule's evaluation interval: its group's "
+            "interval, else scheduler.default_interval_seconds).",
+        ),
+    ] = None,
 ) -> HTMLResponse:
     """The backtest report of rule ``name`` alone over the last ``days`` days, a tick every ``step``
-    seconds, with the safety limits in force (budget and breaker as the controller judges them)."""
+    seconds (by default the rule's own evaluation interval, as the controller evaluates it), with
+    the safety limits in force (budget and breaker as the controller judges them)."""
     group = next((g for g in ruleset.groups for r in g.rules if r.name == name), None) if ruleset else None
     if group is None:
         raise ApiError(404, f"no rule {name!r} in the rule set in force")
@@ -53,6 +62,7 @@ def rule_backtest(
             start=end - timedelta(days=days),
             end=end,
             step_seconds=step,
+            default_interval=settings.scheduler.default_interval_seconds,
             settings=ReplaySettings(
                 limits=settings.safety.limits(), recovery_hold_seconds=settings.safety.recovery_hold_seconds
             ),

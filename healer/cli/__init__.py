@@ -10,7 +10,8 @@ Modules::
     rules              healer rules validate|show|test|export
     evaluate           healer evaluate --once: one detection tick, printed
     db                 healer db upgrade
-    node               healer node list|release
+    node               healer node list|show|release
+    incident           healer incident list|show
     breaker            healer breaker status|reset
     pause              healer pause, healer resume
     ticket             healer ticket list|close|retry|deliver|stats

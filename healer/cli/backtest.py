@@ -67,6 +67,8 @@ def _option_time(option: str, text: str, now: datetime) -> datetime:
 
 
 def _table(report: Report) -> str:
+    from healer.ruleset.durations import format_duration
+
     rows = [["RULE", "FIRED", "NODES FIRED", "NODES OUT", "NODE-HOURS", "HELD BUDGET", "HELD BREAKER"]]
     for r in report.rules:
         rows.append(
@@ -81,7 +83,8 @@ def _table(report: Report) -> str:
             ]
         )
     out = [
-        f"{report.label}: {report.start.isoformat()} to {report.end.isoformat()}, {report.ticks} ticks",
+        f"{report.label}: {report.start.isoformat()} to {report.end.isoformat()}, {report.ticks} ticks "
+        f"every {format_duration(report.step_seconds)}",
         columns(rows),
     ]
     node_rows = [["NODE", "RULE", "FIRED", "QUARANTINED", "DRAINED", "TICKETED", "HELD", "HOURS OUT"]]
@@ -153,7 +156,15 @@ def backtest(
         str, typer.Option("--from", help="Window start: ISO time (UTC), or -7d / now-6h.")
     ] = "-7d",
     end: Annotated[str, typer.Option("--to", help="Window end: ISO time (UTC), now, or -1h.")] = "now",
-    step: Annotated[str, typer.Option("--step", help="Seconds between ticks (Prometheus duration).")] = "30s",
+    step: Annotated[
+        str | None,
+        typer.Option(
+            "--step",
+            help="Seconds between ticks (Prometheus duration), every rule at every tick (default: each "
+            "rule at its own evaluation interval: its group's interval, else "
+            "scheduler.default_interval_seconds).",
+        ),
+    ] = None,
     rules: Annotated[
         list[Path] | None,
         typer.Option(
@@ -184,7 +195,7 @@ def backtest(
     budget or the breaker; per rule nodes taken out and node-hours lost; --compare a second rule set."""
     from healer import wiring
     from healer.backtesting import backtest as run_backtest
-    from healer.backtesting import tick_count
+    from healer.backtesting import default_step, tick_count
     from healer.engine.backtest import compare as compare_reports
     from healer.engine.backtest import comparison_dict, report_dict
     from healer.engine.replay import ReplaySettings
@@ -199,12 +210,13 @@ def backtest(
     t0 = _option_time("--from", start, now).replace(microsecond=0)
     t1 = _option_time("--to", end, now).replace(microsecond=0)
     try:
-        step_s, chunk_s = parse_duration(step), parse_duration(chunk)
+        given_step = parse_duration(step) if step is not None else None
+        chunk_s = parse_duration(chunk)
         repair_s = parse_duration(repair_after) if repair_after else None
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    if t1 <= t0 or step_s <= 0:
+    if t1 <= t0 or given_step == 0:
         typer.echo("error: --to must be after --from, and --step positive", err=True)
         raise typer.Exit(2)
     sets = [("current", rules or list(settings.rules_paths))]
@@ -216,6 +228,8 @@ def backtest(
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(2) from exc
+    default_interval = settings.scheduler.default_interval_seconds
+    step_s = given_step or default_step([r for _, r in rulesets], default_interval)
     p = settings.prometheus
     source = PrometheusRange(
         p.url, timeout_seconds=max(p.timeout_seconds, 60.0), headers=p.headers, verify_tls=p.verify_tls
@@ -234,7 +248,8 @@ def backtest(
                 rulesets,
                 start=t0,
                 end=t1,
-                step_seconds=step_s,
+                step_seconds=given_step,
+                default_interval=default_interval,
                 settings=ReplaySettings(
                     limits=settings.safety.limits(),
                     recovery_hold_seconds=settings.safety.recovery_hold_seconds,

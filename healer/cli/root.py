@@ -25,6 +25,7 @@ from healer.cli import (
     demo,
     doctor,
     evaluate,
+    incident,
     node,
     pause,
     provider_receiver,
@@ -41,8 +42,8 @@ EPILOG = (
     "\b\nExit status:\n"
     "  0  done\n"
     "  1  the command failed or does not apply: no database schema (run `healer db upgrade`),\n"
-    "     unknown node or ticket, invalid rule files (`rules validate|test|export`, `run`),\n"
-    "     Prometheus unavailable (evaluate)\n"
+    "     unknown node, incident or ticket, invalid rule files (`rules validate|test|export`,\n"
+    "     `run`), Prometheus unavailable (evaluate)\n"
     "  2  bad usage, invalid settings, rules that do not load for a command that needs them\n"
     "     (evaluate, backtest); evaluate: also no database schema, or a rule degraded\n"
     "     (some of its series name no node)\n"
@@ -95,6 +96,7 @@ app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("agent")(agent.agent)
 app.add_typer(node.app, name="node")
+app.add_typer(incident.app, name="incident")
 app.add_typer(breaker.app, name="breaker")
 app.command("pause")(pause.pause)
 app.command("resume")(pause.resume)

@@ -18,7 +18,8 @@ module          job
 
 from healer.controller.passes import RemediationResult, advance_drains, remediate
 from healer.controller.reconcile import MAX_STEPS_PER_TICK, NodeOutcome, Reconciler
-from healer.controller.scheduler import Controller, Leadership, due_groups, scheduled_tick_time, tick_seconds
+from healer.controller.scheduler import Controller, Leadership, scheduled_tick_time
+from healer.engine.schedule import due_groups, tick_seconds
 
 __all__ = [
     "MAX_STEPS_PER_TICK",

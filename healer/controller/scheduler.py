@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -58,6 +58,7 @@ from healer.coverage import observe_coverage
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine import gpu_scope
 from healer.engine.evaluation import EvaluationState
+from healer.engine.schedule import due_groups, tick_seconds
 from healer.errors import HealerError, NotLeader
 from healer.metrics import HealerMetrics
 from healer.model.addresses import AddressBook
@@ -65,7 +66,7 @@ from healer.model.blind_spots import BlindReport
 from healer.model.node import NodeView
 from healer.model.source_health import SourceHealth, next_health
 from healer.rules_holder import RulesHolder
-from healer.ruleset.schema import RuleGroup, RuleSet
+from healer.ruleset.schema import RuleSet
 from healer.sources.base import AlertStateSource, MetricsSource
 from healer.store import nodes as repo
 from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transition
@@ -99,26 +100,6 @@ class Leadership(Protocol):
     fencing_token: int
 
 
-def due_groups(
-    groups: Sequence[RuleGroup],
-    last: Mapping[str, datetime],
-    now: datetime,
-    *,
-    default_interval: float,
-    tick_seconds: float,
-) -> set[str]:
-    """Names of the rule groups to evaluate at ``now``: never evaluated, or their ``interval``
-    (seconds; ``default_interval`` when unset) has passed since ``last[name]``. Half a tick of
-    slack keeps a group on its interval when ticks run a little early or late."""
-    due = set()
-    for group in groups:
-        interval = group.interval or default_interval
-        then = last.get(group.name)
-        if then is None or (now - then).total_seconds() >= interval - tick_seconds / 2:
-            due.add(group.name)
-    return due
-
-
 def scheduled_tick_time(origin: datetime, period: float, clock_now: datetime) -> datetime:
     """The time the running tick was scheduled for: the latest ``origin + k * period`` (seconds)
     at or before ``clock_now``, allowing ``clock_now`` to read a little early.
@@ -133,12 +114,6 @@ def scheduled_tick_time(origin: datetime, period: float, clock_now: datetime) ->
     slack = min(1.0, period / 2)
     steps = math.floor(((clock_now - origin).total_seconds() + slack) / period)
     return origin + timedelta(seconds=max(steps, 0) * period)
-
-
-def tick_seconds(groups: Sequence[RuleGroup], default_interval: float) -> float:
-    """The tick period: the shortest interval (seconds) of a group with alerting rules, so every
-    group runs on time (recording rules are Prometheus's to evaluate)."""
-    return min((g.interval or default_interval for g in groups if g.rules), default=default_interval)
 
 
 @dataclass

@@ -17,7 +17,9 @@ What the replay has to assume, because history does not say it:
 - a ticket is resolved :attr:`ReplaySettings.repair_after_seconds` after it was requested (None:
   never within the window, the node stays out until the end);
 - a tripped circuit breaker stays tripped: nobody presses reset during a backtest;
-- every rule is evaluated at every tick (group intervals are not replayed: one step for all).
+- a rule is evaluated at a tick when the caller gives its result (one missing is frozen for the
+  tick): ``healer.backtesting`` evaluates each rule group at its own interval by default, every
+  rule at every tick with an explicit step.
 
 Memory: the alert state of active series, one small record per node that ever had a finding, and
 the events (a handful per incident); independent of the window's length otherwise.

@@ -55,7 +55,15 @@ def test_node_list_speaks_table_json_and_yaml_with_iso_utc_times(db_url: str) ->
 
 
 @pytest.mark.parametrize(
-    "args", [["ticket", "list"], ["ticket", "stats"], ["breaker", "status"], ["node", "list", "--all"]]
+    "args",
+    [
+        ["ticket", "list"],
+        ["ticket", "stats"],
+        ["breaker", "status"],
+        ["node", "list", "--all"],
+        ["node", "show", "gpu-node-007"],
+        ["incident", "list"],
+    ],
 )
 def test_every_listing_command_takes_o_json_and_yaml(db_url: str, args: list[str]) -> None:
     as_json = json.loads(_cli(db_url, *args, "-o", "json"))
@@ -64,7 +72,17 @@ def test_every_listing_command_takes_o_json_and_yaml(db_url: str, args: list[str
 
 @pytest.mark.parametrize(
     "args",
-    [["run"], ["evaluate"], ["node", "list"], ["ticket", "list"], ["breaker", "status"], ["demo"]],
+    [
+        ["run"],
+        ["evaluate"],
+        ["node", "list"],
+        ["node", "show"],
+        ["incident", "list"],
+        ["incident", "show"],
+        ["ticket", "list"],
+        ["breaker", "status"],
+        ["demo"],
+    ],
 )
 def test_help_shows_no_bool_metavar_and_documents_exit_codes(args: list[str]) -> None:
     result = runner.invoke(app, [*args, "--help"])
