@@ -62,6 +62,7 @@ CLUSTER_PERMISSIONS = {
     ("", "nodes/status", "patch"),
     ("", "pods", "get"),
     ("", "pods", "list"),
+    ("", "pods", "watch"),  # the drain's pod store (healer/actions/pod_watch.py)
     ("", "pods", "delete"),  # drain's delete_after_timeout
     ("", "pods", "patch"),  # drain's checkpoint request (pod annotations)
     ("", "pods/eviction", "create"),
