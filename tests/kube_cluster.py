@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import tenacity
+import urllib3
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -279,7 +281,19 @@ class ControlPlane:
                     },
                     "status": {"capacity": capacity, "allocatable": capacity},
                 }
-                core.create_node(body)
+                # A pooled keep-alive connection the API server closed meanwhile (seen under load:
+                # RemoteDisconnected) is tried again; a retried POST that had landed answers 409.
+                for attempt in tenacity.Retrying(
+                    retry=tenacity.retry_if_exception_type(urllib3.exceptions.ProtocolError),
+                    stop=tenacity.stop_after_attempt(3),
+                    reraise=True,
+                ):
+                    with attempt:
+                        try:
+                            core.create_node(body)
+                        except k8s.ApiException as e:
+                            if e.status != 409 or attempt.retry_state.attempt_number == 1:
+                                raise
 
             # A few POSTs in flight (the client's pool holds 5 per CPU): thousands of nodes in minutes.
             with ThreadPoolExecutor(max_workers=8) as pool:
