@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client as k8s
 
@@ -113,6 +113,8 @@ def make_api_client(settings: KubernetesSettings) -> k8s.ApiClient:
         where = str(settings.kubeconfig) if settings.kubeconfig else "in-cluster or ~/.kube/config"
         raise ConfigError(f"kubernetes: cannot load configuration from {where}: {exc}") from exc
 
+
+T = TypeVar("T")
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
     """The :class:`NodeView` of a Node as the API server's JSON (times normalised to
@@ -249,47 +251,63 @@ class KubernetesNodeActions:
         """The node as the API server has it now. Raises ``KubernetesNotFound`` when it is gone."""
         return node_view(self._call(f"read node {name}", "GET", f"/api/v1/nodes/{name}"))
 
+    def _per_node(self, name: str, compute: Callable[[dict[str, Any]], T]) -> dict[str, T]:
+        """Every node's name -> ``compute(node JSON)``: from the watched store, computed again only
+        for the Nodes changed since the last tick (:meth:`~.watch_cache.Watch.derived`; ``name``
+        names the computation), else over one list call."""
+        if self.node_watch is not None:
+            derived = self.node_watch.derived(name, compute)
+            if derived is not None:
+                return derived
+        return {
+            meta["name"]: compute(n) for n in self._nodes() if (meta := n.get("metadata") or {}).get("name")
+        }
+
     def node_pools(self) -> dict[str, str]:
         """Every node in the cluster → its pool (:func:`~healer.model.node.pool_of`: ``pool_label``,
         then ``pool_fallback_labels``, then ``default`` for GPU nodes and ``no-gpu`` for the rest).
 
-        Sizes the remediation budget's percentage and the circuit breaker's fleet (one list call).
+        Sizes the remediation budget's percentage and the circuit breaker's fleet (the watched
+        store, else one list call).
         """
         labels = (self.settings.pool_label, *self.settings.pool_fallback_labels)
-        pools: dict[str, str] = {}
-        for n in self._nodes():
+
+        def pool(n: dict[str, Any]) -> str:
             meta = n.get("metadata") or {}
-            if meta.get("name"):
-                pools[meta["name"]] = pool_of(
-                    meta.get("labels") or {}, _gpus(n.get("status") or {}), pool_labels=labels
-                )
-        return pools
+            return pool_of(meta.get("labels") or {}, _gpus(n.get("status") or {}), pool_labels=labels)
+
+        return self._per_node(f"pool {labels}", pool)
 
     def gpu_nodes(self) -> list[str]:
         """The names of the nodes that report GPUs (``nvidia.com/gpu`` in ``status.capacity``
-        above 0; one list call): a GPU node that exports no dcgm-exporter series is blind
-        (:mod:`healer.blind_spots`)."""
-        return [
-            meta["name"]
-            for n in self._nodes()
-            if (meta := n.get("metadata") or {}).get("name")
-            and (_gpus(n.get("status") or {}, field="capacity") or 0) > 0
-        ]
+        above 0; the watched store, else one list call): a GPU node that exports no dcgm-exporter
+        series is blind (:mod:`healer.blind_spots`)."""
+
+        def has_gpus(n: dict[str, Any]) -> bool:
+            return (_gpus(n.get("status") or {}, field="capacity") or 0) > 0
+
+        return [name for name, yes in self._per_node("has gpus", has_gpus).items() if yes]
 
     def node_labels(self) -> dict[str, dict[str, str]]:
-        """Every node in the cluster → its labels (one list call): the members of the pools rules
-        name by ``pool.node_selector``."""
-        return {
-            meta["name"]: dict(meta.get("labels") or {})
-            for n in self._nodes()
-            if (meta := n.get("metadata") or {}).get("name")
-        }
+        """Every node in the cluster → its labels (the watched store, else one list call): the
+        members of the pools rules name by ``pool.node_selector``."""
+
+        def labels(n: dict[str, Any]) -> dict[str, str]:
+            return dict((n.get("metadata") or {}).get("labels") or {})
+
+        return {name: dict(got) for name, got in self._per_node("labels", labels).items()}
 
     def owned_nodes(self) -> list[NodeView]:
-        """Every node carrying healer's marks now: an ownership annotation or healer's taint (one
-        list call, or the watched store). The ownership reconcile compares them with the database
-        and confirms each node it would release with :meth:`owned_node`."""
-        return [v for v in (node_view(n) for n in self._nodes()) if self.carries_marks(v)]
+        """Every node carrying healer's marks now: an ownership annotation or healer's taint (the
+        watched store, else one list call). The ownership reconcile compares them with the
+        database and confirms each node it would release with :meth:`owned_node`."""
+
+        def marked(n: dict[str, Any]) -> NodeView | None:
+            view = node_view(n)
+            return view if self.carries_marks(view) else None
+
+        owned = self._per_node(f"marked {self.settings.domain}", marked)
+        return [view for view in owned.values() if view is not None]
 
     def carries_marks(self, view: NodeView) -> bool:
         """Whether healer's ownership annotations or its taint are on the node."""

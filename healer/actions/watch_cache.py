@@ -18,6 +18,10 @@ lists instead, while the store is not synced or nothing was heard for ``stale_se
 stuck on a half-open connection); the thread then drops the connection and lists again.
 
 Memory: each object is kept trimmed to the fields healer reads (each kind's ``trim``).
+
+Cost per tick: :meth:`Watch.derived` keeps what a reader computes from each object (a node's pool,
+whether it carries healer's marks) and computes it again only for the objects an event replaced
+since, so a quiet tick over 10,240 Nodes unpacks none of them (client-go's indexers play this part).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -46,6 +50,9 @@ STALE_SECONDS = 3 * WATCH_SECONDS
 #: a row, up to :data:`MAX_RETRY_SECONDS`.
 RETRY_SECONDS = 2.0
 MAX_RETRY_SECONDS = 60.0
+
+
+T = TypeVar("T")
 
 
 class _Gone(Exception):
@@ -122,6 +129,9 @@ class Watch:
         self.lists = self.watches = self.relists = 0
         self.error: str | None = None
         self._failures = 0  # failed lists or watches in a row (the pause doubles with each)
+        # derived(): name -> key -> (the held object it was computed from, the value)
+        self._derived: dict[str, dict[str, tuple[Any, Any]]] = {}
+        self._derived_lock = threading.Lock()
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -131,6 +141,25 @@ class Watch:
             if not self._fresh():
                 return None
             return [self.unpack(x) for x in self._items.values()]
+
+    def derived(self, name: str, compute: Callable[[dict[str, Any]], T]) -> dict[str, T] | None:
+        """Each object's key -> ``compute(object)`` (the object trimmed), or None while not synced
+        or stale. The values are kept under ``name`` and computed again only for the objects an
+        event added or replaced since the last call: a quiet tick unpacks nothing. ``compute``
+        must depend on the object alone (one ``name`` per meaning: another function, another
+        name)."""
+        with self._lock:
+            if not self._fresh():
+                return None
+            held = dict(self._items)
+        with self._derived_lock:
+            before = self._derived.get(name, {})
+            after: dict[str, tuple[Any, Any]] = {}
+            for key, obj in held.items():
+                kept = before.get(key)
+                after[key] = kept if kept is not None and kept[0] is obj else (obj, compute(self.unpack(obj)))
+            self._derived[name] = after
+        return {key: value for key, (_, value) in after.items()}
 
     def indexed(self, value: str) -> list[dict[str, Any]] | None:
         """The objects whose :meth:`index` is ``value`` (trimmed), or None while not synced or
