@@ -640,14 +640,7 @@ def _terms(
     )
 
 
-def _latest(findings: Iterable[Finding], rule: str | None) -> Finding | None:
-    """The finding an incident is told by: its rule's (the one healer follows) first, then one
-    still pending or firing, then the latest seen."""
-
-    def key(f: Finding) -> tuple[bool, bool, datetime, int]:
-        return (f.rule == rule, f.state in ACTIVE_FINDINGS, f.last_seen_at, f.id)
-
-    return max(findings, key=key, default=None)
+_latest = history.latest_finding
 
 
 #: Audit rows the verdict reads: the steps healer took on the node (refusals of any kind too).

@@ -11,7 +11,7 @@ hold store rows (:mod:`healer.store.models`), read while the session is open, an
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -19,7 +19,9 @@ from typing import Literal
 from sqlalchemy import Select, exists, or_, select
 from sqlalchemy.orm import Session
 
+from healer.engine.lifecycle import finding_story
 from healer.model.states import FindingState
+from healer.store.evaluations import finding_from_row
 from healer.store.models import Action, Finding, Gpu, Incident, Node, Ticket, Transition
 from healer.tickets.views import TicketView, ticket_views
 
@@ -87,7 +89,9 @@ def incident_query(flt: IncidentFilter) -> Select[Incident]:
 @dataclass(frozen=True)
 class IncidentRow:
     """One incident as listed: its node and pool, the rule healer follows for it (None before the
-    controller chose one) and its findings' rules, when it opened and closed, its summary."""
+    controller chose one) and its findings' rules, when it opened and closed, its summary
+    (told by its latest finding, :func:`latest_finding`; ``first_summary``: the words it opened
+    with)."""
 
     id: int
     node: str
@@ -100,6 +104,7 @@ class IncidentRow:
     close_reason: str | None
     escalated: bool
     blocked_reason: str | None
+    first_summary: str = ""
 
     @property
     def state(self) -> IncidentState:
@@ -112,8 +117,23 @@ class IncidentRow:
         return self.rule or (", ".join(self.rules) or None)
 
 
+#: Findings still pending or firing.
+ACTIVE_FINDINGS = (FindingState.PENDING, FindingState.FIRING)
+
+
+def latest_finding(findings: Iterable[Finding], rule: str | None) -> Finding | None:
+    """The finding an incident is told by (its headline follows the latest evidence, not the
+    value it opened with): its rule's (the one healer follows) first, then one still pending or
+    firing, then the latest seen; None without findings."""
+
+    def key(f: Finding) -> tuple[bool, bool, datetime, int]:
+        return (f.rule == rule, f.state in ACTIVE_FINDINGS, f.last_seen_at, f.id)
+
+    return max(findings, key=key, default=None)
+
+
 def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[IncidentRow]:
-    """``incidents`` as rows, in their order: two queries (node names and pools, findings' rules)."""
+    """``incidents`` as rows, in their order: two queries (node names and pools, their findings)."""
     if not incidents:
         return []
     node_ids = {i.node_id for i in incidents}
@@ -123,24 +143,26 @@ def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[Incid
             select(Node.id, Node.name, Node.pool).where(Node.id.in_(node_ids))
         )
     }
-    rules: dict[int, set[str]] = defaultdict(set)
-    for incident_id, rule in session.execute(
-        select(Finding.incident_id, Finding.rule)
-        .where(Finding.incident_id.in_([i.id for i in incidents]))
-        .distinct()
-    ):
-        if incident_id is not None:
-            rules[incident_id].add(rule)
+    found: dict[int, list[Finding]] = defaultdict(list)
+    for f in session.scalars(select(Finding).where(Finding.incident_id.in_([i.id for i in incidents]))):
+        if f.incident_id is not None:
+            found[f.incident_id].append(f)
+
+    def summary(i: Incident) -> str:
+        latest = latest_finding(found.get(i.id, ()), i.rule)
+        return finding_story(finding_from_row(latest), None) if latest is not None else i.summary
+
     return [
         IncidentRow(
             id=i.id,
             node=nodes.get(i.node_id, ("", ""))[0],
             pool=nodes.get(i.node_id, ("", ""))[1],
             rule=i.rule,
-            rules=sorted(rules.get(i.id, ())),
+            rules=sorted({f.rule for f in found.get(i.id, ())}),
             opened_at=i.opened_at,
             closed_at=i.closed_at,
-            summary=i.summary,
+            summary=summary(i),
+            first_summary=i.summary,
             close_reason=i.close_reason,
             escalated=i.escalated,
             blocked_reason=i.blocked_reason,

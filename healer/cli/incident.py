@@ -58,6 +58,7 @@ def incident_record(row: IncidentRow) -> dict[str, Any]:
         "opened_at": iso(row.opened_at),
         "closed_at": iso(row.closed_at),
         "summary": row.summary,
+        "first_summary": row.first_summary,
         "close_reason": row.close_reason,
         "escalated": row.escalated,
         "blocked_reason": row.blocked_reason,
@@ -342,6 +343,8 @@ def show_command(
         lines.append(f"state:    open since {inc['opened_at']}")
     lines.append(f"rule:     {inc['rule'] or ', '.join(inc['rules']) or '-'}")
     lines.append(f"summary:  {_text(inc['summary'])}")
+    if inc["first_summary"] and inc["first_summary"] != inc["summary"]:
+        lines.append(f"opened as: {_text(inc['first_summary'])}")
     if inc["blocked_reason"] and not inc["closed_at"]:
         lines.append(f"blocked:  {inc['blocked_reason']}")
     if inc["escalated"]:

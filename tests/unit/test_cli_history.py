@@ -107,9 +107,17 @@ def _ids(db_url: str, *args: str) -> list[int]:
     return [r["id"] for r in json.loads(_out(db_url, "incident", "list", *args, "-o", "json"))]
 
 
+#: The two GpuTooHot incidents' headlines: told by their latest finding, not the words they
+#: opened with ("GPU 3 too hot", "GPU 0 too hot": their ``first_summary``).
+HOT = "GpuTooHot firing on GPU 3 (value 85.5 degrees C): GPU 3 above 78 C"
+COOLED = "GpuTooHot resolved on GPU 0 (last value 81): GPU 0 above 78 C"
+
+
 def _incident_id(db_url: str, summary: str) -> int:
     (found,) = [
-        r["id"] for r in json.loads(_out(db_url, "incident", "list", "-o", "json")) if r["summary"] == summary
+        r["id"]
+        for r in json.loads(_out(db_url, "incident", "list", "-o", "json"))
+        if r["first_summary"] == summary
     ]
     return int(found)
 
@@ -121,7 +129,7 @@ def test_incident_list_shows_every_incident_newest_first(db_url: str) -> None:
     table = _out(db_url, "incident", "list").splitlines()
     assert table[0].split() == ["ID", "STATE", "OPENED", "CLOSED", "NODE", "POOL", "RULE", "SUMMARY"]
     summaries = [line.split("  ")[-1].strip() for line in table[1:]]
-    assert summaries == ["GPU 3 too hot", "Xid 79", "GPU 0 too hot", "Xid 48 double-bit ECC"]
+    assert summaries == [HOT, "Xid 79", COOLED, "Xid 48 double-bit ECC"]
     hot = table[1]
     assert "open" in hot and _iso(-timedelta(hours=1)) in hot and "gpu-node-07" in hot and "GpuTooHot" in hot
     # An incident without healer's rule shows its findings' rules.
@@ -131,7 +139,7 @@ def test_incident_list_shows_every_incident_newest_first(db_url: str) -> None:
 
 def test_incident_list_speaks_json_and_yaml(db_url: str) -> None:
     records = json.loads(_out(db_url, "incident", "list", "-o", "json"))
-    assert [r["summary"] for r in records] == [
+    assert [r["first_summary"] for r in records] == [
         "GPU 3 too hot",
         "Xid 79",
         "GPU 0 too hot",
@@ -170,7 +178,7 @@ def test_incident_list_speaks_json_and_yaml(db_url: str) -> None:
 )
 def test_incident_list_filters_narrow_the_list(db_url: str, args: list[str], expected: list[str]) -> None:
     records = json.loads(_out(db_url, "incident", "list", *args, "-o", "json"))
-    assert [r["summary"] for r in records] == expected
+    assert [r["first_summary"] for r in records] == expected
 
 
 def test_incident_list_says_when_nothing_matches(db_url: str) -> None:
@@ -215,7 +223,8 @@ def test_incident_show_prints_its_findings_actions_tickets_and_transitions(db_ur
     lines = out.splitlines()
     assert lines[0] == f"incident {hot}: node gpu-node-07 (pool h100)"
     assert f"state:    open since {_iso(-timedelta(hours=1))}" in lines
-    assert "rule:     GpuTooHot" in lines and "summary:  GPU 3 too hot" in lines
+    assert "rule:     GpuTooHot" in lines and f"summary:  {HOT}" in lines
+    assert "opened as: GPU 3 too hot" in lines
     findings = out[out.index("FINDINGS:") : out.index("ACTIONS:")]
     assert findings.splitlines()[1].split()[:4] == ["RULE", "GPU", "STATE", "VALUE"]
     assert "GpuTooHot  3    firing  85.5 degrees C" in findings
@@ -273,7 +282,7 @@ def test_node_show_prints_state_open_incident_gpus_ticket_and_history(db_url: st
     out = _out(db_url, "node", "show", "gpu-node-07")
     lines = out.splitlines()
     assert lines[0] == f"node gpu-node-07: quarantined since {_iso(-timedelta(minutes=55))} (pool h100)"
-    assert lines[1] == f"open incident: {hot} (GpuTooHot), opened {_iso(-timedelta(hours=1))}: GPU 3 too hot"
+    assert lines[1] == f"open incident: {hot} (GpuTooHot), opened {_iso(-timedelta(hours=1))}: {HOT}"
     assert lines[2].startswith("ticket: ") and " default pending, created " in lines[2]
     gpus = out[out.index("GPUS:") : out.index("TICKETS:")].splitlines()
     assert gpus[1].split() == ["INDEX", "UUID", "MODEL", "PCI", "BUS", "LAST", "SEEN"]
@@ -282,7 +291,7 @@ def test_node_show_prints_state_open_incident_gpus_ticket_and_history(db_url: st
     assert "GpuTooHot" in out[out.index("ACTIVE FINDINGS:") : out.index("GPUS:")]
     incidents = out[out.index("RECENT INCIDENTS:") : out.index("LAST TRANSITIONS:")].splitlines()
     assert incidents[1].split() == ["ID", "STATE", "OPENED", "CLOSED", "RULE", "SUMMARY"]
-    assert "GPU 3 too hot" in incidents[2] and "Xid 48 double-bit ECC" in incidents[3]
+    assert HOT in incidents[2] and "Xid 48 double-bit ECC" in incidents[3]
     transitions = out[out.index("LAST TRANSITIONS:") :].splitlines()
     assert "quarantined" in transitions[2] and "suspect" in transitions[3]  # newest first
 
@@ -290,12 +299,13 @@ def test_node_show_prints_state_open_incident_gpus_ticket_and_history(db_url: st
 def test_node_show_of_a_node_without_an_open_incident(db_url: str) -> None:
     out = _out(db_url, "node", "show", "gpu-node-11")
     assert out.splitlines()[1] == "open incident: none"
-    assert "GPUS: none" in out and "GPU 0 too hot" in out and "blocked" in out.splitlines()[0]
+    assert "GPUS: none" in out and COOLED in out and "blocked" in out.splitlines()[0]
 
 
 def test_node_show_limit_bounds_each_history(db_url: str) -> None:
     document = json.loads(_out(db_url, "node", "show", "gpu-node-07", "--limit", "1", "-o", "json"))
-    assert [i["summary"] for i in document["incidents"]] == ["GPU 3 too hot"]
+    assert [i["first_summary"] for i in document["incidents"]] == ["GPU 3 too hot"]
+    assert [i["summary"] for i in document["incidents"]] == [HOT]
     assert [t["to"] for t in document["transitions"]] == ["quarantined"]
 
 
