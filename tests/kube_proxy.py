@@ -2,7 +2,8 @@
 
 ``healer run`` is given a kubeconfig pointing at the proxy (plain HTTP on 127.0.0.1); the proxy
 sends each request on to kube-apiserver (HTTPS, verified with the control plane's CA) at once and
-relays the answer, streamed (watches work). :meth:`ApiProxy.hold` keeps the next matching answers
+relays the answer, streamed (watches work; :attr:`ApiProxy.watch_lag` delays their events).
+:meth:`ApiProxy.hold` keeps the next matching answers
 back for some seconds after the API server has applied the request: the write is visible in the
 cluster while the client still waits, which is the moment a crash or a freeze test needs (a slow
 network or a stopped VM, as a fault-injection proxy such as toxiproxy would simulate).
@@ -88,6 +89,9 @@ class ApiProxy:
         #: Requests received, and the faults injected by kind, since the proxy started.
         self.received = 0
         self.injected: Counter[str] = Counter()
+        #: Seconds each piece of a watch's answer is held before it is relayed (a watch that
+        #: lags behind the writes' answers, as a busy API server's watch cache can).
+        self.watch_lag = 0.0
         #: Every request relayed or failed, as (method, path with its query), in order.
         self.requests: list[tuple[str, str]] = []
         # Answers being streamed (watches), with the client's socket.
@@ -236,8 +240,11 @@ class ApiProxy:
                             self.send_header(k, v)
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
+                    watching = "watch=true" in self.path
                     for chunk in answer.iter_raw():
                         if chunk:
+                            if watching and proxy.watch_lag:
+                                time.sleep(proxy.watch_lag)
                             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                             self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")

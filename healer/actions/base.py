@@ -15,6 +15,7 @@ All methods are idempotent (calling twice leaves the node as calling once) and r
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -60,6 +61,13 @@ class NodeActions(Protocol):
     status: ActionStatus
 
     def read_node(self, name: str) -> NodeView: ...
+
+    def watched_nodes(self, names: Sequence[str]) -> Mapping[str, NodeView]:
+        """The nodes of ``names`` as the Node watch holds them, for a pass to start from without a
+        GET each; empty while no watch is synced and fresh. A name missing (a node the store does
+        not hold, or any without a watch) is to be read with :meth:`read_node`. A view behind the
+        API server is safe to start from: every write carries its ``resourceVersion``, and a 409
+        makes the write read the node again."""
 
     def edit(self, node: NodeRef, change: NodeEdit) -> NodeView:
         """Apply ``change`` in one patch carrying the node's ``resourceVersion``; the node after it."""

@@ -19,7 +19,7 @@ for the busy timeout).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -108,6 +108,10 @@ class RecordingNodeActions:
                 detail=detail,
             )
         log.info("dry-run: would %s node %s: %s", kind, name, detail)
+
+    def watched_nodes(self, names: Sequence[str]) -> Mapping[str, NodeView]:
+        """Nothing: each node is read (:meth:`read_node` lays what healer would have done over it)."""
+        return {}
 
     def read_node(self, name: str) -> NodeView:
         """The real node, with the cordon and taint healer would have left on it (raises

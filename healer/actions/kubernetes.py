@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -251,6 +251,19 @@ class KubernetesNodeActions:
         """The node as the API server has it now. Raises ``KubernetesNotFound`` when it is gone."""
         return node_view(self._call(f"read node {name}", "GET", f"/api/v1/nodes/{name}"))
 
+    def watched_nodes(self, names: Sequence[str]) -> Mapping[str, NodeView]:
+        """:meth:`~healer.actions.base.NodeActions.watched_nodes`: each view is built once per
+        version of its Node (:meth:`~.watch_cache.Watch.derived`)."""
+        if self.node_watch is None:
+            return {}
+        views = self.node_watch.derived("view", node_view)
+        if views is None:
+            return {}
+        # A node this adapter wrote whose event the watch has not delivered yet is left to a GET:
+        # its watched view would be from before healer's own cordon.
+        behind = self.node_watch.behind(names)
+        return {name: views[name] for name in names if name in views and name not in behind}
+
     def _per_node(self, name: str, compute: Callable[[dict[str, Any]], T]) -> dict[str, T]:
         """Every node's name -> ``compute(node JSON)``: from the watched store, computed again only
         for the Nodes changed since the last tick (:meth:`~.watch_cache.Watch.derived`; ``name``
@@ -433,7 +446,10 @@ class KubernetesNodeActions:
         """One strategic-merge patch of the node (or its ``/status``); the node as answered."""
         path = f"/api/v1/nodes/{name}" + (f"/{subresource}" if subresource else "")
         where = f" ({subresource})" if subresource else ""
-        return node_view(self._call(f"{what} node {name}{where}", "PATCH", path, body, STRATEGIC_MERGE))
+        view = node_view(self._call(f"{what} node {name}{where}", "PATCH", path, body, STRATEGIC_MERGE))
+        if self.node_watch is not None:  # until the watch has it, read this node with a GET
+            self.node_watch.expect(name, view.resource_version)
+        return view
 
     def set_condition(
         self, node: NodeRef, *, healthy: bool, reason: str, message: str, now: datetime

@@ -31,7 +31,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
 from kubernetes import client as k8s
@@ -50,6 +50,10 @@ STALE_SECONDS = 3 * WATCH_SECONDS
 #: a row, up to :data:`MAX_RETRY_SECONDS`.
 RETRY_SECONDS = 2.0
 MAX_RETRY_SECONDS = 60.0
+#: Versions of each object the store remembers having applied (:meth:`Watch.expect`): the watch
+#: can deliver a write's event before the writer hears the answer, and another write or two of the
+#: same object (a kubelet's status) may follow within those milliseconds.
+RECENT_VERSIONS = 4
 
 
 T = TypeVar("T")
@@ -129,6 +133,10 @@ class Watch:
         self.lists = self.watches = self.relists = 0
         self.error: str | None = None
         self._failures = 0  # failed lists or watches in a row (the pause doubles with each)
+        # Own writes not yet heard back (see expect()): key -> the resourceVersion the API server
+        # answered; and each key's last few versions applied, newest last.
+        self._expected: dict[str, str] = {}
+        self._recent: dict[str, tuple[str, ...]] = {}
         # derived(): name -> key -> (the held object it was computed from, the value)
         self._derived: dict[str, dict[str, tuple[Any, Any]]] = {}
         self._derived_lock = threading.Lock()
@@ -174,6 +182,24 @@ class Watch:
         None while not synced or stale."""
         with self._lock:
             return self._version if self._fresh() else None
+
+    def expect(self, key: str, version: str) -> None:
+        """This process wrote object ``key`` and the API server answered ``version``: until the
+        watch delivers that version, :meth:`behind` names ``key``, so a reader does not decide on
+        the object as it was before its own write (the watch's event can come a few milliseconds
+        after the answer). resourceVersions are opaque (the API conventions: compare them only for
+        equality), so the store keeps each key's last :data:`RECENT_VERSIONS` versions to know one
+        already delivered."""
+        if not version:
+            return
+        with self._lock:
+            if version not in self._recent.get(key, ()):
+                self._expected[key] = version
+
+    def behind(self, keys: Iterable[str]) -> set[str]:
+        """The keys of ``keys`` whose own write (:meth:`expect`) the watch has not delivered yet."""
+        with self._lock:
+            return {key for key in keys if key in self._expected}
 
     def _fresh(self) -> bool:  # with the lock held
         return self._heard is not None and self.clock() - self._heard <= self.stale_seconds
@@ -240,6 +266,8 @@ class Watch:
             self._heard = self.clock()
 
     def _list(self) -> None:
+        with self._lock:  # writes answered before the list was sent are in it
+            expected_before = dict(self._expected)
         answer = rawcalls.call(self.api, "GET", self.PATH, timeout=self.timeout)
         self.lists += 1
         items: dict[str, Any] = {}
@@ -255,6 +283,13 @@ class Watch:
                 indexed_as[key] = value
         with self._lock:
             self._items, self._index, self._indexed_as = items, index, indexed_as
+            self._recent = {}
+            for key, held in items.items():
+                if version := str((self.unpack(held).get("metadata") or {}).get("resourceVersion") or ""):
+                    self._recent[key] = (version,)
+            for key, version in expected_before.items():
+                if self._expected.get(key) == version:
+                    del self._expected[key]
             self._heard = self.clock()
         self._version = str((answer.get("metadata") or {}).get("resourceVersion") or "") or None
         self.error = None
@@ -311,8 +346,14 @@ class Watch:
         with self._lock:
             if key is not None:
                 self._unindex(key)
+                if version:
+                    self._recent[key] = (*self._recent.get(key, ())[1 - RECENT_VERSIONS :], str(version))
+                    if self._expected.get(key) == str(version):
+                        del self._expected[key]
                 if kind == "DELETED":
                     self._items.pop(key, None)
+                    self._recent.pop(key, None)
+                    self._expected.pop(key, None)
                 else:
                     kept = self.trim(obj)
                     self._items[key] = self.pack(kept)

@@ -72,8 +72,14 @@ def apply(
     check: Callable[[], None] = lambda: None,
     repair: RepairPublisher | None = None,
     validator: Validator | None = None,
+    effects: slice = slice(None),
+    so_far: Applied | None = None,
 ) -> Applied:
     """Run ``step``'s effects on the node ``view`` (as read this reconcile).
+
+    ``effects`` runs only those of the step's effects (a wave sends every node's
+    :func:`fence_off` part first, then the rest of each step) and ``so_far`` is what the earlier
+    part did (its node view is where the rest starts).
 
     ``check`` runs before each effect (the fence: raises ``NotLeader`` when this replica no longer
     leads, which propagates: what was applied so far is settled by the ownership reconcile).
@@ -85,18 +91,18 @@ def apply(
     ``KubernetesNotFound`` (the node is gone); any other Kubernetes error ends the step with the
     failed effect in ``done``.
     """
-    applied = Applied(view=view)
-    node: NodeView = view
-    effects = list(step.effects)
+    applied = so_far or Applied(view=view)
+    node: NodeView = applied.view or view
+    todo = list(step.effects)[effects]
     status = actions.status
     i = 0
-    while i < len(effects):
-        effect = effects[i]
+    while i < len(todo):
+        effect = todo[i]
         check()
         try:
             match effect:
                 case lc.Cordon() | lc.Taint():
-                    edit, rows = _edit(effects, i, incident_id=incident_id, now=now, actor=actor)
+                    edit, rows = _edit(todo, i, incident_id=incident_id, now=now, actor=actor)
                     before, applied.view = node, actions.edit(node, edit)
                     node = applied.view
                     changed = {"cordon": _cordon_changed(before, node), "taint": before.taints != node.taints}
@@ -175,6 +181,18 @@ def apply(
             return applied
         i += 1
     return applied
+
+
+def fence_off(step: lc.Step) -> int:
+    """How many of ``step``'s first effects take the node out of scheduling (its leading run of
+    Cordon and Taint, sent as one patch): the part of a wave's writes that goes out for every
+    node before any node's condition, Event or drain. 0: the step does not start with one."""
+    n = 0
+    for effect in step.effects:
+        if not isinstance(effect, lc.Cordon | lc.Taint):
+            break
+        n += 1
+    return n
 
 
 def _cordon_changed(before: NodeView, after: NodeView) -> bool:

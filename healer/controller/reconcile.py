@@ -42,7 +42,7 @@ repeats the idempotent writes and records them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -52,7 +52,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.actions.base import NodeActions
 from healer.actions.validation import Validator
 from healer.controller import sticky_values
-from healer.controller.apply import Applied, DrainPlan, apply
+from healer.controller.apply import Applied, DrainPlan, apply, fence_off
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Observation, Rows, Seen, observe
 from healer.controller.record import Recorder
@@ -258,28 +258,54 @@ class Reconciler:
     def _write_all(self, writes: list[_Write]) -> list[_Result]:
         """The waiting steps' cluster writes, up to :data:`WRITES_IN_FLIGHT` nodes at once; raises
         the first error that ends the pass (nothing of the wave is recorded then: the intents
-        committed stay for the ownership reconcile, the effects are idempotent)."""
+        committed stay for the ownership reconcile, the effects are idempotent).
 
-        def one(write: _Write) -> _Result:
+        Two rounds: every node's cordon and taint (:func:`~.apply.fence_off`, one patch each)
+        first, then the rest of each node's step (condition, Event, drain...) in order. The
+        cordon is what stops new pods landing on a bad node, so a burst of 100 newly firing nodes
+        has all its cordons out before the first condition or Event, not the last cordon behind
+        99 nodes' other writes."""
+
+        def safely(write: _Write, effects: slice, so_far: Applied | None) -> _Result:
             try:
-                return _Result(applied=self._apply(write.seen, write.plan))
+                return _Result(applied=self._apply(write.seen, write.plan, effects=effects, so_far=so_far))
             except KubernetesNotFound:
                 return _Result(gone=True)
             except BaseException as exc:
                 return _Result(error=exc)
 
-        workers = min(WRITES_IN_FLIGHT, len(writes))
+        def first(write: _Write) -> _Result | None:
+            assert write.plan.step is not None
+            n = fence_off(write.plan.step)
+            return safely(write, slice(None, n), None) if n else None
+
+        def rest(write: _Write, before: _Result | None) -> _Result:
+            if before is None:
+                return safely(write, slice(None), None)
+            if before.applied is None or before.applied.error is not None:
+                return before  # gone, or the patch failed: the step ends there
+            assert write.plan.step is not None
+            return safely(write, slice(fence_off(write.plan.step), None), before.applied)
+
+        fenced = self._each(lambda i: first(writes[i]), len(writes))
+        done = self._each(lambda i: rest(writes[i], fenced[i]), len(writes))
+        return [result for result in done if result is not None]
+
+    def _each(self, do: Callable[[int], _Result | None], n: int) -> list[_Result | None]:
+        """``do(i)`` for each ``i < n``, up to :data:`WRITES_IN_FLIGHT` at once (one at a time in
+        dry-run, stopping at the first error); raises the first error that ends the pass."""
+        workers = min(WRITES_IN_FLIGHT, n)
+        results: list[_Result | None] = []
         if workers < 2 or self.actions.status == ActionStatus.DRY_RUN:
-            results: list[_Result] = []
-            for write in writes:
-                results.append(one(write))
-                if results[-1].error is not None:
+            for i in range(n):
+                results.append(do(i))
+                if (result := results[-1]) is not None and result.error is not None:
                     break
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="healer-write") as pool:
-                results = list(pool.map(one, writes))
+                results = list(pool.map(do, range(n)))
         for result in results:
-            if result.error is not None:
+            if result is not None and result.error is not None:
                 raise result.error
         return results
 
@@ -414,8 +440,9 @@ class Reconciler:
                 }
         return plan, state
 
-    def _apply(self, seen: Seen, plan: _Plan) -> Applied:
-        """The step's effects on the node as last seen (no transaction open)."""
+    def _apply(self, seen: Seen, plan: _Plan, *, effects: slice, so_far: Applied | None) -> Applied:
+        """The step's ``effects`` on the node as last seen (no transaction open), after what
+        ``so_far`` did."""
         assert plan.step is not None
         if seen.view is None:  # a deleted node: its step is a record only
             return Applied(view=None)
@@ -430,6 +457,8 @@ class Reconciler:
             check=self.fence.check,
             repair=self.repair,
             validator=self.validator,
+            effects=effects,
+            so_far=so_far,
         )
 
     def _rows(self, run: _Run, name: str) -> tuple[Session, Rows]:

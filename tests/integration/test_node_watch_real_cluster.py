@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes import client as k8s
@@ -20,6 +21,8 @@ from healer.actions.addresses import KubernetesAddresses
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.node_watch import NodeWatch
 from healer.config import KubernetesSettings
+from healer.controller.observe import read_all
+from healer.model.node import Ownership
 from tests.kube_cluster import ControlPlane
 from tests.kube_proxy import GONE, ApiProxy, api_proxy
 from tests.services import wait_until
@@ -147,3 +150,50 @@ def test_a_store_that_hears_nothing_is_not_trusted(kube: ControlPlane, proxy: Ap
         wait_until(lambda: watch.watches > watches, timeout=30, what="the watch back after the hold")
     finally:
         watch.stop()
+
+
+def test_a_pass_starts_from_the_watch_but_never_from_before_its_own_cordon(
+    kube: ControlPlane, proxy: ApiProxy
+) -> None:
+    """A burst of newly firing nodes is planned from the watched views, without a GET each; a node
+    healer has just cordoned or released is read with a GET until the watch brings that write
+    back, so the next step never sees the node as it was before (a cordon missing from the old
+    view would read as a human's uncordon)."""
+    prefix = f"w-{uuid.uuid4().hex[:6]}"
+    nodes = [f"{prefix}-gpu-{i:02d}" for i in range(3)]
+    kube.add_nodes(nodes, gpus=8)
+    api = via(proxy, kube)
+    watch = NodeWatch(api, timeout=10)
+    watch.start()
+    try:
+        wait_until(lambda: set(nodes) <= names(watch), timeout=30, what="the first list")
+        adapter = KubernetesNodeActions(api, KubernetesSettings(domain="healer.dev"), node_watch=watch)
+        reads = len(proxy.requests)
+        seen = read_all(adapter, nodes)
+        assert [seen[n].view.name for n in nodes if seen[n].view] == nodes
+        assert len(proxy.requests) == reads  # no GET: every view came from the store
+
+        # Each read right after healer's own write, while the watch's events come 0.3 s behind
+        # the answers: the node is then read with a GET, never taken from the store as it was
+        # before the write.
+        proxy.watch_lag = 0.3
+        for i in range(10):
+            own = Ownership(incident_id=i + 1, reason="GpuTooHot", at=datetime.now(UTC))
+            assert adapter.cordon(nodes[0], own).unschedulable
+            view = read_all(adapter, nodes)[nodes[0]].view
+            assert view is not None and view.unschedulable, (
+                f"round {i}: the store's view from before the cordon"
+            )
+            assert not adapter.release(nodes[0]).unschedulable
+            view = read_all(adapter, nodes)[nodes[0]].view
+            assert view is not None and not view.unschedulable, f"round {i}: the view from before the release"
+        # Once the watch has delivered them, the store serves that node again: no GET.
+        proxy.watch_lag = 0.0
+        wait_until(lambda: not watch.behind([nodes[0]]), timeout=30, what="the writes' events")
+        reads = len(proxy.requests)
+        assert not read_all(adapter, nodes)[nodes[0]].view.unschedulable  # type: ignore[union-attr]
+        assert len(proxy.requests) == reads
+    finally:
+        watch.stop()
+        for name in nodes:
+            k8s.CoreV1Api(kube.admin_client()).delete_node(name)

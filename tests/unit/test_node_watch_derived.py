@@ -75,3 +75,45 @@ def test_the_adapter_reads_pools_gpu_nodes_labels_and_marks_from_the_store_witho
     assert [v.name for v in actions.owned_nodes()] == ["gpu-2"]
     watch._apply({"type": "MODIFIED", "object": _node("gpu-2", version="3")})  # released
     assert actions.owned_nodes() == []
+
+
+def test_a_node_healer_wrote_is_behind_until_the_watch_delivers_that_version() -> None:
+    watch = _store(_node("a"), _node("b"))
+    watch.expect("a", "2")  # healer's cordon answered version 2; the watch has not brought it yet
+    assert watch.behind(["a", "b"]) == {"a"}
+    watch._apply({"type": "MODIFIED", "object": _node("a", version="2")})
+    assert watch.behind(["a", "b"]) == set()
+
+
+def test_a_write_whose_event_came_before_its_answer_is_not_behind() -> None:
+    watch = _store(_node("a"))
+    watch._apply({"type": "MODIFIED", "object": _node("a", version="2")})  # the event first
+    watch._apply({"type": "MODIFIED", "object": _node("a", version="3")})  # and a kubelet's write after
+    watch.expect("a", "2")  # then the answer to healer's write
+    assert watch.behind(["a"]) == set()
+
+
+def test_another_writers_version_does_not_stand_for_healers_own() -> None:
+    watch = _store(_node("a"))
+    watch.expect("a", "5")
+    watch._apply({"type": "MODIFIED", "object": _node("a", version="4")})  # someone's write before it
+    assert watch.behind(["a"]) == {"a"}  # resourceVersions are compared for equality only
+
+
+def test_the_adapter_starts_a_pass_from_the_watched_view_except_a_node_it_wrote_not_yet_heard() -> None:
+    watch = _store(_node("a", version="1"), _node("b", version="1"))
+    adapter = KubernetesNodeActions(
+        k8s.ApiClient(), KubernetesSettings(domain="healer.dev"), node_watch=watch
+    )
+    views = adapter.watched_nodes(["a", "b", "gone"])
+    assert sorted(views) == ["a", "b"]  # a node the store does not hold is left to a GET (its 404)
+    assert views["a"].resource_version == "1"
+    watch.expect("b", "7")
+    assert sorted(adapter.watched_nodes(["a", "b"])) == ["a"]
+    watch._apply({"type": "MODIFIED", "object": _node("b", version="7", unschedulable=True)})
+    assert adapter.watched_nodes(["b"])["b"].unschedulable
+    stale = NodeWatch(k8s.ApiClient(), clock=lambda: 0.0)  # not synced: nothing is taken from it
+    assert (
+        KubernetesNodeActions(k8s.ApiClient(), KubernetesSettings(), node_watch=stale).watched_nodes(["a"])
+        == {}
+    )
