@@ -252,17 +252,15 @@ class KubernetesNodeActions:
         return node_view(self._call(f"read node {name}", "GET", f"/api/v1/nodes/{name}"))
 
     def watched_nodes(self, names: Sequence[str]) -> Mapping[str, NodeView]:
-        """:meth:`~healer.actions.base.NodeActions.watched_nodes`: each view is built once per
-        version of its Node (:meth:`~.watch_cache.Watch.derived`)."""
+        """:meth:`~healer.actions.base.NodeActions.watched_nodes`: views of the asked nodes only
+        (a few per quiet tick; none kept, so the store costs no second copy of the fleet)."""
         if self.node_watch is None:
-            return {}
-        views = self.node_watch.derived("view", node_view)
-        if views is None:
             return {}
         # A node this adapter wrote whose event the watch has not delivered yet is left to a GET:
         # its watched view would be from before healer's own cordon.
         behind = self.node_watch.behind(names)
-        return {name: views[name] for name in names if name in views and name not in behind}
+        held = self.node_watch.get(name for name in names if name not in behind)
+        return {} if held is None else {name: node_view(node) for name, node in held.items()}
 
     def _per_node(self, name: str, compute: Callable[[dict[str, Any]], T]) -> dict[str, T]:
         """Every node's name -> ``compute(node JSON)``: from the watched store, computed again only

@@ -169,6 +169,15 @@ class Watch:
             self._derived[name] = after
         return {key: value for key, (_, value) in after.items()}
 
+    def get(self, keys: Iterable[str]) -> dict[str, dict[str, Any]] | None:
+        """The objects of ``keys`` the store holds (trimmed; a key it does not hold is left out),
+        or None while not synced or stale."""
+        with self._lock:
+            if not self._fresh():
+                return None
+            held = {key: self._items[key] for key in keys if key in self._items}
+        return {key: self.unpack(obj) for key, obj in held.items()}
+
     def indexed(self, value: str) -> list[dict[str, Any]] | None:
         """The objects whose :meth:`index` is ``value`` (trimmed), or None while not synced or
         stale."""
