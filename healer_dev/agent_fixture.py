@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,7 @@ class AgentFixture:
     """A generated node under ``root`` (see the module docstring); methods change it as a fault would."""
 
     root: Path
+    _next_seq: int | None = field(default=None, repr=False)
 
     @property
     def kmsg(self) -> Path:
@@ -149,10 +150,11 @@ class AgentFixture:
 
     def log(self, message: str, *, usec: int, level: int = 4, facility: int = 0) -> None:
         """Append a kernel log record (``/dev/kmsg`` format) at ``usec`` since boot."""
-        lines = self.kmsg.read_text().splitlines() if self.kmsg.exists() else []
-        seq = len(lines)
+        if self._next_seq is None:
+            self._next_seq = len(self.kmsg.read_text().splitlines()) if self.kmsg.exists() else 0
         with self.kmsg.open("a") as f:
-            f.write(f"{facility * 8 + level},{seq},{usec},-;{message}\n")
+            f.write(f"{facility * 8 + level},{self._next_seq},{usec},-;{message}\n")
+        self._next_seq += 1
 
     def log_xid(self, gpu: int, xid: int, detail: str, *, usec: int) -> None:
         """Append the driver's Xid line for GPU ``gpu`` (its PCI address as the kernel writes it)."""

@@ -66,10 +66,13 @@ def agent(
 
     from healer.actions.kubernetes import make_api_client
     from healer.cli.context import settings_from
+    from healer.clock import utc_now
     from healer.controller.repair import repair_secret
     from healer.errors import HealerError
     from healer.logs import configure_logging
+    from healer.model.repair import RepairRequest
     from healer.nodeagent.agent import NodeAgent
+    from healer.nodeagent.bundle import Capture
     from healer.nodeagent.executor import load_executor
     from healer.nodeagent.exposition import render, serve
     from healer.nodeagent.facts import HostFacts
@@ -107,12 +110,22 @@ def agent(
     except HealerError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    def bundler(request: RepairRequest) -> str:
+        return Capture(
+            node=node,
+            why=f"{request.action} for incident {request.incident}",
+            kmsg=facts.kmsg,
+            nvidia_smi=settings.repair.agent_bundle_command,
+            at=utc_now().isoformat(),
+        ).encoded()
+
     node_agent = NodeAgent(
         k8s.CoreV1Api(api),
         node=node,
         domain=settings.kubernetes.domain,
         secret=secret,
         executor=executor,
+        bundler=bundler,
         request_timeout_seconds=settings.kubernetes.request_timeout_seconds,
     )
     if once:

@@ -975,6 +975,7 @@ def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": 9402, "protocol": "TCP"}]
     env = {e["name"]: e for e in container["env"]}
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"  # NVML mounted by the toolkit
+    assert json.loads(env["HEALER_REPAIR__AGENT_BUNDLE_COMMAND"]["value"])[-2:] == ["nvidia-smi", "-q"]
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert json.loads(env["HEALER_REPAIR__AGENT_COMMANDS"]["value"])["reboot"][-2:] == ["systemctl", "reboot"]
     settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])
