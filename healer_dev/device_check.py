@@ -2,8 +2,10 @@
 each fact the default rules read beside what the simulator assumes for the same field.
 
 It reads the GPUs through :func:`healer.nodeagent.nvml.open_nvml` (the real NVML, or ``--recorded``
-a recording), serves them with the agent's exporter on loopback, scrapes that ``/metrics`` once,
-and prints, for every DCGM metric the default pack (``rules/``) reads:
+a recording), the kernel log (``--kmsg``, default ``/dev/kmsg``: root or CAP_SYSLOG) and the
+InfiniBand ``hw_counters`` (``--sysfs``, default ``/sys``) with the agent's readers, serves them
+with the agent's exporter on loopback, scrapes that ``/metrics`` once, prints a line on the kernel
+log and one on the HCAs, and, for every DCGM metric the default pack (``rules/``) reads:
 
 * the agent's answer: present or why not, Prometheus type, unit, integral or not, the values over
   the GPUs (min..max);
@@ -37,6 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from healer.nodeagent.exposition import serve
 from healer.nodeagent.facts import HostFacts
+from healer.nodeagent.infiniband import read_hw_counters
+from healer.nodeagent.kmsg import DevKmsg, KmsgFile, KmsgSource, parse_xid
 from healer.nodeagent.nvml import FACTS, NvmlCalls, NvmlUnavailable, RecordingNvml, open_nvml, read_nvml
 from healer.ruleset.loading import load_ruleset
 from healer_dev.simulator import catalog as c
@@ -169,12 +173,45 @@ def table(rows: Iterable[Sequence[str]]) -> str:
     )
 
 
-def run(nvml: NvmlCalls | None, *, nvml_error: str, source: str, out: Path | None = None) -> tuple[str, int]:
+def _kmsg_source(path: Path) -> KmsgSource:
+    """The device for a character device (``/dev/kmsg``), else a file of records (a fixture)."""
+    return DevKmsg(str(path)) if path.is_char_device() else KmsgFile(path)
+
+
+def _host_summary(sysfs: Path, kmsg: KmsgSource) -> list[str]:
+    """One line each: the kernel log as the agent reads it, the InfiniBand hw_counters found."""
+    try:
+        records = kmsg.read_all()
+        xids = [x for r in records if (x := parse_xid(r)) is not None]
+        kernel = f"kernel log: {len(records)} records from {kmsg.name}, {len(xids)} Xid lines"
+        if xids:
+            kernel += f" (last: Xid {xids[-1].xid} on {xids[-1].pci_bus_id})"
+    except OSError as exc:
+        kernel = f"kernel log: cannot read {kmsg.name}: {exc.strerror or exc}"
+    counters, problems = read_hw_counters(sysfs)
+    ports = sorted({(c.device, c.port) for c in counters})
+    infiniband = f"InfiniBand hw_counters: {len(counters)} files on {len(ports)} port(s) under {sysfs}"
+    if problems:
+        infiniband += f", {len(problems)} unreadable (first: {problems[0].source}: {problems[0].message})"
+    return [kernel, infiniband]
+
+
+def run(
+    nvml: NvmlCalls | None,
+    *,
+    nvml_error: str,
+    source: str,
+    out: Path | None = None,
+    sysfs: Path = Path("/sys"),
+    kmsg: Path = Path("/dev/kmsg"),
+) -> tuple[str, int]:
     """The report and the exit status."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [f"healer device check, {now}", f"NVML: {source}"]
+    kmsg_source = _kmsg_source(kmsg)
+    host = _host_summary(sysfs, kmsg_source)
     if nvml is None:
-        lines.append(f"error: {nvml_error}")
+        lines += [*host, f"error: {nvml_error}"]
         return "\n".join(lines) + "\n", 2
     recording = RecordingNvml(nvml)
     reading = read_nvml(recording)
@@ -185,8 +222,9 @@ def run(nvml: NvmlCalls | None, *, nvml_error: str, source: str, out: Path | Non
         f"machine: {platform.machine()}, Python {platform.python_version()}",
     ]
     facts = HostFacts(
-        node="device-check", sysfs=Path("/sys"), kmsg=None, uptime=Path("/proc/uptime"), nvml=recording
+        node="device-check", sysfs=sysfs, kmsg=kmsg_source, uptime=Path("/proc/uptime"), nvml=recording
     )
+    lines += host
     server, thread = serve(facts, address="127.0.0.1", port=0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=30) as r:
@@ -254,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="device-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--recorded", type=Path, help="read a recorded NVML device instead of the real one")
     parser.add_argument("--out", type=Path, help="also write nvml-recording.json and metrics.prom here")
+    parser.add_argument("--sysfs", type=Path, default=Path("/sys"), help="sysfs root (default /sys)")
+    parser.add_argument(
+        "--kmsg", type=Path, default=Path("/dev/kmsg"), help="kernel log: the device or a file of records"
+    )
     args = parser.parse_args(argv)
     try:
         nvml: NvmlCalls | None = open_nvml(args.recorded)
@@ -261,7 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NvmlUnavailable as exc:
         nvml, error = None, str(exc)
     source = f"recorded device {args.recorded}" if args.recorded else "this machine's driver (pynvml)"
-    report, status = run(nvml, nvml_error=error, source=source, out=args.out)
+    report, status = run(
+        nvml, nvml_error=error, source=source, out=args.out, sysfs=args.sysfs, kmsg=args.kmsg
+    )
     sys.stdout.write(report)
     return status
 

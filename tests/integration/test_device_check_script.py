@@ -29,11 +29,17 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_each_fact_the_rules_read_stands_beside_the_simulators_assumption(tmp_path: Path) -> None:
-    node = write_fixture(tmp_path / "node", gpus=8, hcas=1)
-    done = run("--recorded", str(node.root / "nvml.json"), "--out", str(tmp_path / "out"))
+    node = write_fixture(tmp_path / "node", gpus=8, hcas=2)
+    node.log_xid(5, 48, "An uncorrectable double bit error (DBE) has been detected", usec=9_000_000)
+    done = run(
+        "--recorded", str(node.root / "nvml.json"), "--out", str(tmp_path / "out"),
+        "--kmsg", str(node.kmsg), "--sysfs", str(node.root / "sys"),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "GPUs: 8 x NVIDIA H100 80GB HBM3" in lines
+    assert f"kernel log: 3 records from {node.kmsg}, 1 Xid lines (last: Xid 48 on 00000000:AB:00.0)" in lines
+    assert f"InfiniBand hw_counters: 14 files on 2 port(s) under {node.root / 'sys'}" in lines
     rows = {line.split()[0]: line for line in lines if line.startswith("DCGM_")}
     assert set(rows) == set(rule_metrics())
     temp = rows["DCGM_FI_DEV_GPU_TEMP"].split()
@@ -50,9 +56,11 @@ def test_each_fact_the_rules_read_stands_beside_the_simulators_assumption(tmp_pa
 
 
 def test_without_nvml_it_says_why_and_exits_2(tmp_path: Path) -> None:
-    done = run("--recorded", str(tmp_path / "missing.json"))
+    done = run("--recorded", str(tmp_path / "missing.json"), "--kmsg", str(tmp_path / "kmsg"))
     assert done.returncode == 2
+    # What does not need NVML is still read and said.
+    assert f"kernel log: cannot read {tmp_path / 'kmsg'}: No such file or directory" in done.stdout
     assert f"error: NVML not available: recorded device {tmp_path / 'missing.json'}: " in done.stdout
-    done = run(env={"HEALER_VENV": str(tmp_path / "no-venv")})
+    done = run("--kmsg", str(tmp_path / "kmsg"), env={"HEALER_VENV": str(tmp_path / "no-venv")})
     assert done.returncode == 2
     assert done.stderr == f"error: no virtual environment at {tmp_path / 'no-venv'} (set HEALER_VENV)\n"
