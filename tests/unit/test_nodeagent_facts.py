@@ -23,6 +23,7 @@ from healer.nodeagent.nvml import (
     read_nvml,
 )
 from healer_dev.agent_fixture import AgentFixture, gpu_uuid, write_fixture
+from tests.healer_cli import run_healer
 
 NODE = "gpu-node-7"
 
@@ -230,3 +231,30 @@ def test_nvlink_errors_per_link_carry_the_gpu_and_link(node: AgentFixture) -> No
     assert [(labels["UUID"], labels["link"], labels["counter"], v) for labels, v in moved] == [
         (gpu_uuid(1), "7", "crc_flit", 31.0)
     ]
+
+
+def test_a_kernel_log_that_becomes_unreadable_keeps_the_xids_already_read(node: AgentFixture) -> None:
+    node.log_xid(0, 94, "Contained: SM (0x1). RST: No, D-RST: No", usec=3_599_000_000)
+    facts = HostFacts.fixture(NODE, node.root)
+    assert [x.xid for x in facts.read().xids] == [94]
+    node.kmsg.unlink()
+    node.kmsg.mkdir()  # unreadable as a file, even as root
+    snapshot = facts.read()
+    assert [x.xid for x in snapshot.xids] == [94]
+    assert not snapshot.up["kmsg"]
+    assert [(p.source, p.message) for p in snapshot.problems] == [(str(node.kmsg), "Is a directory")]
+
+
+def test_the_agent_command_prints_one_scrape_of_a_fixture_without_kubernetes(node: AgentFixture) -> None:
+    node.set_hw_counter("mlx5_0", "local_ack_timeout_err", 5)
+    done = run_healer(
+        "agent", "--node", NODE, "--print-metrics", "--facts-fixture", str(node.root),
+        env={"PATH": "/usr/bin:/bin", "HOME": str(node.root)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    scrape = samples(done.stdout)
+    assert (
+        {"node": NODE, "device": "mlx5_0", "port": "1", "counter": "local_ack_timeout_err"},
+        5.0,
+    ) in scrape["healer_agent_infiniband_hw_counters_total"]
+    assert len(scrape["DCGM_FI_DEV_GPU_TEMP"]) == 2
