@@ -19,7 +19,7 @@ COPY healer ./healer
 COPY api ./api
 # Dev tooling (fleet simulator, stand-in provider) for docker-compose.yml; healer never imports it.
 COPY healer_dev ./healer_dev
-RUN /opt/healer/bin/pip install .
+RUN /opt/healer/bin/pip install ".[agent]"
 # healer.store.migrate finds migrations/ beside the installed `healer` package (site-packages).
 COPY migrations ./migrations
 RUN site="$(/opt/healer/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \

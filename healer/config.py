@@ -512,6 +512,14 @@ class RepairSettings(_Group):
         description="'module:factory' of another executor (a provider's API) instead of the commands.",
     )
     agent_command_timeout_seconds: float = Field(300.0, gt=0)
+    agent_bundle_command: list[str] = Field(
+        default_factory=lambda: ["nvidia-smi", "-q"],
+        description=(
+            "The command whose output the node agent adds to the log bundle it captures before a "
+            "reboot (with the kernel log and its Xid lines); empty: none. The chart runs it on the "
+            "host through nsenter."
+        ),
+    )
 
     @model_validator(mode="after")
     def _secret_when_acting(self) -> RepairSettings:

@@ -50,6 +50,8 @@ def _where(i: Input, counters: dict[str, list[CounterLine]]) -> list[str]:
         return lines
     if all(n.startswith("node_") for n in i.names):
         return ["node_exporter (its collector for this family must be on)"]
+    if all(n.startswith("healer_agent_") for n in i.names):
+        return ["the node agent's /metrics (chart agent.enabled, agent.metricsPort; scraped by a PodMonitor)"]
     if all(n.startswith("DCGM_") for n in i.names):
         return ["no counters CSV line names it (is --counters the deploy/dcgm-exporter directory?)"]
     return ["-"]

@@ -730,6 +730,11 @@ def _escalate(f: NodeFacts, c: Context, why: str, row: str) -> Step:
     return _ladder_step(f, c, inc.ladder, inc.ladder_index + 1, reason=f"escalating: {why}", row=row)
 
 
+def _bundle_of(answer: RepairResult) -> dict[str, str]:
+    """The log bundle the agent captured before the repair (kept for the ticket that may follow)."""
+    return {"log_bundle": answer.bundle} if answer.bundle else {}
+
+
 def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
     step, answer = _on_ladder(f), _answer(f)
     assert step is not None and answer is not None
@@ -739,7 +744,7 @@ def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
         NodeState.REPAIRED,
         f"{step.kind} done by the node agent{detail}",
         evidence={"repair": {"action": step.kind, "nonce": answer.nonce, "status": answer.status,
-                             "at": answer.at, "output": answer.output}},
+                             "at": answer.at, "output": answer.output, **_bundle_of(answer)}},
         already_out=True,
         row="repair done",
     )
@@ -751,7 +756,8 @@ def _repair_failed_step(f: NodeFacts, c: Context) -> Step:
     why = f"{step.kind} {answer.status} on the node ({answer.reason or 'no reason given'})"
     out = _escalate(f, c, why, "repair failed")
     evidence = {**(out.evidence or {}), "repair": {"action": step.kind, "status": answer.status,
-                                                   "reason": answer.reason, "output": answer.output}}
+                                                   "reason": answer.reason, "output": answer.output,
+                                                   **_bundle_of(answer)}}
     return replace(out, evidence=evidence)
 
 

@@ -18,6 +18,9 @@ answered, or asks for an action it does not know.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import gzip
 import hashlib
 import hmac
 import json
@@ -130,9 +133,14 @@ class RepairResult:
     reason: str = ""
     at: str = ""
     output: str = ""
+    #: The log bundle captured before a reboot (gzip + base64; healer.nodeagent.bundle), or "".
+    bundle: str = ""
 
     def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = asdict(self)
+        if not self.bundle:
+            del fields["bundle"]  # the answer reads as before where there is none
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def parse(cls, raw: str | None) -> RepairResult | None:
@@ -147,6 +155,26 @@ class RepairResult:
                 reason=str(data.get("reason", ""))[:2000],
                 at=str(data.get("at", "")),
                 output=str(data.get("output", ""))[:4000],
+                bundle=_bundle(data.get("bundle")),
             )
         except (ValueError, KeyError, TypeError):
             return None
+
+
+#: The largest bundle read from an answer (base64 characters): the agent writes at most 64 KiB.
+BUNDLE_MAX_CHARS = 96 * 1024
+
+
+def _bundle(value: object) -> str:
+    """A bundle as written, or "" when absent, not text or over :data:`BUNDLE_MAX_CHARS` (a cut
+    bundle would not decode)."""
+    return value if isinstance(value, str) and len(value) <= BUNDLE_MAX_CHARS else ""
+
+
+def decode_bundle(data: str) -> str:
+    """The text of a log bundle as the agent writes it (gzip, then base64). Raises ValueError when
+    ``data`` is not one."""
+    try:
+        return gzip.decompress(base64.b64decode(data, validate=True)).decode("utf-8", "replace")
+    except (binascii.Error, OSError, EOFError) as exc:
+        raise ValueError(f"not a log bundle: {exc}") from None

@@ -8,7 +8,9 @@ signature, node name, expiry, nonce not answered before, known action) and carri
 (``succeeded``, ``failed`` or ``refused`` with the reason; every refusal is logged with it).
 
 A reboot is answered ``succeeded`` ("reboot started") before the command runs, since the agent
-does not outlive it; the validation after the repair is what proves the node healthy. The answered
+does not outlive it; the answer carries the log bundle captured just before
+(:mod:`healer.nodeagent.bundle`: the kernel log since boot, its Xid lines, ``nvidia-smi -q``),
+which a reboot would wipe; the validation after the repair is what proves the node healthy. The answered
 nonce is read back from the Node on start, so an agent restarted by the reboot does not run the
 same request twice.
 """
@@ -27,7 +29,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from healer.clock import utc_now
-from healer.model.repair import Refused, RepairResult, request_key, result_key, verify
+from healer.model.repair import Refused, RepairRequest, RepairResult, request_key, result_key, verify
 from healer.nodeagent.executor import Executor
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class NodeAgent:
     secret: bytes
     executor: Executor
     clock: Callable[[], datetime] = utc_now
+    #: Captures the log bundle before a reboot (gzip + base64; "" when none): request → bundle.
+    bundler: Callable[[RepairRequest], str] | None = None
     request_timeout_seconds: float = 10.0
     answered: set[str] = field(default_factory=set)  # nonces answered
     handled: set[str] = field(default_factory=set)  # sha256 of raw requests handled (refused ones too)
@@ -84,7 +88,12 @@ class NodeAgent:
             request.nonce,
         )
         if request.action == "reboot":
-            result = RepairResult(request.nonce, "succeeded", "reboot started", now.isoformat())
+            bundle = self.bundler(request) if self.bundler is not None else ""
+            if bundle:
+                log.info("node %s: log bundle captured before the reboot (%d bytes)", self.node, len(bundle))
+            result = RepairResult(
+                request.nonce, "succeeded", "reboot started", now.isoformat(), bundle=bundle
+            )
             self._answer(result)
             self.executor.run(request)
             return result

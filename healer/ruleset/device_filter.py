@@ -28,7 +28,10 @@ from dataclasses import dataclass
 
 import promql_parser
 
-#: The metrics the filter applies to: node_exporter's InfiniBand collector.
+#: The metrics the filter applies to: node_exporter's InfiniBand collector, and the node agent's
+#: InfiniBand counters (healer/nodeagent/exposition.py), which carry the same `device` label.
+INFINIBAND_PREFIXES = ("node_infiniband_", "healer_agent_infiniband_")
+#: The prefix of the probe selector the filter's matchers are parsed from.
 INFINIBAND_PREFIX = "node_infiniband_"
 #: node_exporter's label naming the HCA (``mlx5_0``).
 DEVICE_LABEL = "device"
@@ -178,7 +181,7 @@ def _infiniband_selectors(text: str) -> Iterator[_Selector]:
             after = _skip_space(text, end)
             if word in _LABEL_LIST_KEYWORDS and after < len(text) and text[after] == "(":
                 i = _closing(text, after, ")") + 1
-            elif word.startswith(INFINIBAND_PREFIX) and not (after < len(text) and text[after] == "("):
+            elif word.startswith(INFINIBAND_PREFIXES) and not (after < len(text) and text[after] == "("):
                 if after < len(text) and text[after] == "{":
                     close = _closing(text, after, "}")
                     yield _Selector(i, end, (after, close))
@@ -214,7 +217,7 @@ def _vector_selectors(node: object) -> Iterator[promql_parser.VectorSelector]:
 def _infiniband_name(selector: promql_parser.VectorSelector) -> str | None:
     """The selector's metric when it is an InfiniBand one, by name or by a ``__name__`` matcher."""
     if selector.name:
-        return selector.name if selector.name.startswith(INFINIBAND_PREFIX) else None
+        return selector.name if selector.name.startswith(INFINIBAND_PREFIXES) else None
     for matcher in selector.matchers.matchers:
         if matcher.name == "__name__" and "infiniband" in matcher.value:
             return matcher.value

@@ -63,11 +63,14 @@ NVLINK5_ERROR_METRICS: tuple[str, ...] = tuple(
     )
 )
 
-#: Metrics only some hardware reports: absent fleet-wide is normal on a fleet without it (NVML
+#: Metrics only some hardware (or healer's optional node agent) reports: absent fleet-wide is normal
+#: on a fleet without it (NVML
 #: answers "not supported" and dcgm-exporter writes no series), and a sign of a counters CSV
 #: without the field on a fleet with it.
 HARDWARE_METRICS: Mapping[str, str] = {
-    name: "NVLink5 (Blackwell) GPUs only" for name in NVLINK5_ERROR_METRICS
+    **{name: "NVLink5 (Blackwell) GPUs only" for name in NVLINK5_ERROR_METRICS},
+    # The node agent is off by default (chart agent.enabled): a fleet without it is not blind.
+    "healer_agent_infiniband_hw_counters_total": "nodes running healer's node agent, with InfiniBand HCAs",
 }
 
 

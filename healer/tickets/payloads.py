@@ -22,6 +22,9 @@ The context (payload version :data:`~healer.tickets.templates.PAYLOAD_VERSION`):
     rules             sorted rule names
     drain             null, or when the node's drain is blocked: {"blocked_pods": [...],
                       "budgets": [...] (PodDisruptionBudgets "namespace/name"), "refused": {pod: why}}
+    log_bundle        null, or the logs the node agent captured before the incident's reboot:
+                      {"action", "captured_at", "text"} (kernel log since boot, Xid lines,
+                      nvidia-smi -q; at most 256 KiB)
     escalated         bool
     escalation        {"escalated", "window_days", "reason", "previous": [{"kind": "node"|"gpu",
                        "gpu", "incident_id", "node", "closed_at", "close_reason"}]}
@@ -38,8 +41,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.engine.labels import gpu_index
+from healer.model.repair import decode_bundle
 from healer.model.states import ActionStatus
-from healer.store.models import Action, Gpu, Incident, Node, Ticket
+from healer.store.models import Action, Gpu, Incident, Node, Ticket, Transition
 from healer.store.models import Finding as FindingRow
 from healer.tickets.templates import PAYLOAD_VERSION
 
@@ -194,6 +198,27 @@ def blocked_drain(session: Session, incident: Incident) -> dict[str, Any] | None
     }
 
 
+def log_bundle(session: Session, incident: Incident) -> dict[str, Any] | None:
+    """The log bundle the node agent captured before this incident's latest reboot (or other
+    repair), as ``{"action", "captured_at", "text"}``; None when it captured none. The text is at
+    most 256 KiB (healer.nodeagent.bundle caps it)."""
+    rows = session.scalars(
+        select(Transition)
+        .where(Transition.incident_id == incident.id)
+        .order_by(Transition.at.desc(), Transition.id.desc())
+    )
+    for row in rows:
+        repair = (row.evidence or {}).get("repair")
+        if not isinstance(repair, dict) or not repair.get("log_bundle"):
+            continue
+        try:
+            text = decode_bundle(str(repair["log_bundle"]))
+        except ValueError as exc:
+            text = f"(the bundle kept for this repair cannot be read: {exc})"
+        return {"action": repair.get("action"), "captured_at": repair.get("at"), "text": text}
+    return None
+
+
 def build_context(
     session: Session,
     *,
@@ -255,6 +280,7 @@ def build_context(
         "findings": findings,
         "rules": rules,
         "drain": drain,
+        "log_bundle": log_bundle(session, incident),
         "escalated": bool(escalation.get("escalated")),
         "escalation": escalation,
     }

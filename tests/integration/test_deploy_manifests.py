@@ -368,7 +368,7 @@ def test_dockerfile_builds_a_slim_non_root_healer_image() -> None:
     (healthcheck,) = values("HEALTHCHECK")
     assert "/healthz" in healthcheck and "python" in healthcheck and "curl" not in healthcheck
     runs = " ".join(values("RUN"))
-    assert "pip install ." in runs and "[dev]" not in runs
+    assert "pip install \".[agent]\"" in runs and "[dev]" not in runs  # NVML bindings, no dev tools
     copied = {v.split()[-2] for v in values("COPY") if not v.startswith("--from")}
     for needed in ("healer", "api", "migrations", "rules", "pyproject.toml"):
         assert any(c == needed or c.startswith(f"{needed} ") for c in copied) or needed in " ".join(
@@ -971,8 +971,11 @@ def test_node_agent_render_reads_and_annotates_nodes_only(helm: str) -> None:
     assert pod["serviceAccountName"] == "healer-agent"
     assert {"operator": "Exists"} in pod["tolerations"]
     (container,) = pod["containers"]
-    assert container["args"] == ["agent"]
+    assert container["args"] == ["agent", "--metrics-port", "9402"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9402, "protocol": "TCP"}]
     env = {e["name"]: e for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"  # NVML mounted by the toolkit
+    assert json.loads(env["HEALER_REPAIR__AGENT_BUNDLE_COMMAND"]["value"])[-2:] == ["nvidia-smi", "-q"]
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert json.loads(env["HEALER_REPAIR__AGENT_COMMANDS"]["value"])["reboot"][-2:] == ["systemctl", "reboot"]
     settings = yaml.safe_load(_one(objects, "ConfigMap", "healer-settings")["data"]["healer.yaml"])

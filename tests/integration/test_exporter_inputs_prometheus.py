@@ -111,6 +111,12 @@ def test_doctor_names_the_rule_the_metric_and_the_csv_line(prom: PrometheusServe
     # node_exporter's families are not a CSV's business.
     ib = absent[("InfinibandPortNotActive", ("node_infiniband_state_id",))]
     assert ib["added_by"] == ["node_exporter (its collector for this family must be on)"]
+    # The node agent's hw_counters: off by default, so a fleet without it is not blind; the doctor
+    # says where they come from.
+    assert "InfinibandTransportRetries" not in out["blind_rules"]
+    retries = absent[("InfinibandTransportRetries", ("healer_agent_infiniband_hw_counters_total",))]
+    assert retries["needed"] == "nodes running healer's node agent, with InfiniBand HCAs"
+    assert retries["added_by"][0].startswith("the node agent's /metrics")
 
     table = doctor(prom)
     assert table.returncode == 3

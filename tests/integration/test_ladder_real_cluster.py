@@ -25,9 +25,13 @@ from healer.model.findings import Finding, TickFindings
 from healer.model.repair import RepairRequest, RepairResult, request_key, result_key
 from healer.model.states import FindingState, NodeState
 from healer.nodeagent.agent import NodeAgent
+from healer.nodeagent.bundle import Capture
 from healer.nodeagent.executor import CommandExecutor
+from healer.nodeagent.kmsg import KmsgFile
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store.models import Node, Ticket, Transition
+from healer.tickets import payloads
+from healer_dev.agent_fixture import AgentFixture
 from tests.helm import NAMESPACE, rendered_objects, require_helm
 from tests.integration.test_api_support import VIEWER_TOKEN, build_app, http_client, make_settings
 from tests.kube_cluster import ControlPlane
@@ -88,10 +92,17 @@ def admin(kube_admin: ApiClient) -> k8s.CoreV1Api:
 
 
 def make_agent(
-    api: ApiClient, node: str, log: Path, *, exit_code: int = 0, now: datetime | None = None
+    api: ApiClient,
+    node: str,
+    log: Path,
+    *,
+    exit_code: int = 0,
+    now: datetime | None = None,
+    kmsg: Path | None = None,
 ) -> NodeAgent:
     """The agent of ``node``; its commands append to ``log`` and exit with ``exit_code``; its clock
-    reads ``now`` (the test's tick time) when given."""
+    reads ``now`` (the test's tick time) when given; before a reboot it captures a log bundle from
+    the kernel log ``kmsg`` (a file of /dev/kmsg records) and a stand-in ``nvidia-smi -q``."""
     commands = {
         "reset-gpu": ["sh", "-c", f"echo reset {{gpu}} >> {log}; exit {exit_code}"],
         "reboot": ["sh", "-c", f"echo reboot >> {log}; exit {exit_code}"],
@@ -101,6 +112,15 @@ def make_agent(
     )
     if now is not None:
         agent.clock = lambda: now
+    if kmsg is not None:
+        smi = ["sh", "-c", "echo '==============NVSMI LOG=============='; echo 'Driver Version : 570.133.20'"]
+        agent.bundler = lambda r: Capture(
+            node=node,
+            why=f"{r.action} for incident {r.incident}",
+            kmsg=KmsgFile(kmsg),
+            nvidia_smi=smi,
+            at="t",
+        ).encoded()
     return agent
 
 
@@ -203,10 +223,24 @@ class Ladder:
             validator=self.validator,
         )
 
-    def agent(self, node: str, *, exit_code: int = 0) -> RepairResult | None:
+    def agent(self, node: str, *, exit_code: int = 0, kmsg: Path | None = None) -> RepairResult | None:
         log = self.tmp / f"{node}.log"
         at = self.now + timedelta(seconds=5)
-        return make_agent(self.agent_api, node, log, exit_code=exit_code, now=at).once()
+        return make_agent(self.agent_api, node, log, exit_code=exit_code, now=at, kmsg=kmsg).once()
+
+    def ticket_context(self, node: str) -> dict[str, Any]:
+        """What the provider's ticket for ``node`` is rendered from (at delivery)."""
+        with self.sessions() as s:
+            query = select(Ticket).join(Node, Node.id == Ticket.node_id).where(Node.name == node)
+            ticket = s.scalars(query).one()
+            return payloads.build_context(
+                s,
+                ticket=ticket,
+                cluster="test",
+                dashboard_url="http://healer.test",
+                idempotency_key="k",
+                escalation={},
+            )
 
     def commands(self, node: str) -> list[str]:
         path = self.tmp / f"{node}.log"
@@ -305,13 +339,27 @@ def test_a_reset_that_does_not_clear_escalates_to_reboot_then_ticket(
     assert ladder.state(name) == NodeState.AWAITING_REPAIR
     raw = (node_obj(admin, name).metadata.annotations or {})[request_key(DOMAIN)]
     assert '"action":"reboot"' in raw
-    result = ladder.agent(name)
+    # Before rebooting, the agent keeps the node's logs: the reboot would wipe them.
+    node_log = AgentFixture(ladder.tmp / "node")
+    node_log.root.mkdir()
+    node_log.log_xid(3, 48, "An uncorrectable double bit error (DBE) has been detected", usec=7_000_000)
+    result = ladder.agent(name, kmsg=node_log.kmsg)
     assert result is not None and result.status == "succeeded" and result.reason == "reboot started"
+    assert result.bundle
     assert ladder.commands(name) == ["reset 3", "reboot"]
     t2 = T0 + timedelta(minutes=10)
     ladder.tick(t2, xid(name, 48, at=t2))
     assert ladder.state(name) == NodeState.AWAITING_REPAIR
     assert ladder.tickets() == [(name, "acme")]
+    # The replacement ticket carries what the agent captured before the reboot.
+    bundle = ladder.ticket_context(name)["log_bundle"]
+    assert bundle["action"] == "reboot"
+    assert f"healer log bundle: node {name}, captured t before reboot for incident " in bundle["text"]
+    assert (
+        "NVRM: Xid (PCI:0000:5d:00): 48, An uncorrectable double bit error (DBE) has been detected"
+        in (bundle["text"].split("=== NVIDIA driver Xid lines (1) ===")[1])
+    )
+    assert "Driver Version : 570.133.20" in bundle["text"]
     assert any("escalating: reset-gpu did not clear it" in r for r in ladder.reasons(name))
     assert any("escalating: reboot did not clear it" in r for r in ladder.reasons(name))
 
