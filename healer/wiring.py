@@ -61,6 +61,17 @@ if TYPE_CHECKING:
     from healer.sources.prometheus_range import PrometheusRange
 
 
+def topology_file(settings: Settings) -> dict[str, dict[str, str]] | None:
+    """The topology file's node → {kind: domain} (``topology.file``), read once at start; None
+    without one. Raises ConfigError naming the file and field."""
+    path = settings.topology.file
+    if path is None or not settings.topology.enabled:
+        return None
+    from healer.topology import load_file
+
+    return load_file(path, frozenset(settings.topology.kinds()))
+
+
 def default_identity() -> str:
     """This replica's name for the Lease: the pod name in a cluster (``HOSTNAME``), else host+pid."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
@@ -459,6 +470,7 @@ def build_process(
         burst=burst_sync(
             settings, api_client, sessions, cluster, pod_watch=pod_watch, budget_watch=budget_watch
         ),
+        topology_file=topology_file(settings),
     )
     app = dashboard(
         settings,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -46,7 +46,7 @@ from healer.actions.validation import Validator
 from healer.blind_spots import observe_blind_spots
 from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
-from healer.controller import ownership
+from healer.controller import domains, ownership
 from healer.controller.backoff import Backoff
 from healer.controller.burst import BurstSync
 from healer.controller.fence import Fence, claim
@@ -153,6 +153,8 @@ class Controller:
     gpu_isolation: GpuIsolationSync | None = None
     #: The capacity rules' burst job, run by its own job; None: off.
     burst: BurstSync | None = None
+    #: The topology file's node → {kind: domain} (``topology.file``), beside the nodes' labels.
+    topology_file: Mapping[str, Mapping[str, str]] | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     #: This replica's own clock for leader election (client-go times the Lease's observed changes
@@ -318,6 +320,7 @@ class Controller:
                     coverage=self._observe_coverage(ruleset, now),
                     node_labels=self._node_labels(ruleset),
                     validator=self.validator,
+                    topology=self._topology(),
                 )
                 self._count(result)
                 if self.gpu_isolation is not None:
@@ -437,6 +440,21 @@ class Controller:
             )
         else:
             log.info("blind spots: none")
+
+    def _topology(self) -> dict[str, dict[str, str]] | None:
+        """node → {kind: domain} from the nodes' labels and the topology file (None: correlation
+        off, or the labels cannot be listed now)."""
+        if not self.settings.topology.kinds():
+            return None
+        try:
+            labels = self.node_labels()
+        except HealerError as exc:
+            log.warning("cannot list node labels (no domain correlation this tick): %s", exc)
+            return None
+        if labels is None:
+            return None
+        topology = domains.topology_of(labels, self.settings.topology, self.topology_file)
+        return {node: dict(of) for node, of in topology.items()}
 
     def _node_labels(self, ruleset: RuleSet) -> dict[str, dict[str, str]] | None:
         """Every node's labels when a rule names its pool by them, else None (no list call)."""
