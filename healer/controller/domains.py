@@ -172,17 +172,24 @@ def _open(
     )
     session.add(row)
     session.flush()
+    _audit(session, row, {"nodes": list(fault.nodes), "summary": summary}, actor=actor, now=now)
+    log.warning("domain incident %d opened: %s", row.id, summary)
+    return row
+
+
+def _audit(
+    session: Session, row: DomainIncident, detail: dict[str, object], *, actor: str, now: datetime
+) -> None:
+    """The audit row of a domain incident opened or closed (kind ``domain_incident``)."""
     repo.record_action(
         session,
         kind="domain_incident",
         status=ActionStatus.SUCCEEDED,
         actor=actor,
         now=now,
-        target=f"{fault.key.kind}/{fault.key.name}",
-        detail={"domain_incident_id": row.id, "nodes": list(fault.nodes), "summary": summary},
+        target=f"{row.kind}/{row.name}",
+        detail={"domain_incident_id": row.id, **detail},
     )
-    log.warning("domain incident %d opened: %s", row.id, summary)
-    return row
 
 
 def settle(
@@ -223,15 +230,7 @@ def settle(
                 if status == TicketStatus.RESOLVED
                 else "no member is out of service any more"
             )
-            repo.record_action(
-                session,
-                kind="domain_incident",
-                status=ActionStatus.SUCCEEDED,
-                actor=actor,
-                now=now,
-                target=f"{row.kind}/{row.name}",
-                detail={"domain_incident_id": row.id, "closed": row.close_reason},
-            )
+            _audit(session, row, {"closed": row.close_reason}, actor=actor, now=now)
             log.info("domain incident %d closed: %s", row.id, row.close_reason)
             continue
         if paused or _ticket_status(session, row.id) is not None:

@@ -184,9 +184,7 @@ def correlate(
         if len(recent) < threshold.needed(len(domain_nodes)):
             continue
         candidates.append((key, len(domain_nodes), _densest(recent, window)))
-    candidates.sort(
-        key=lambda c: (-len(c[2]), c[1], rank.get(c[0].kind, len(rank)), c[0].kind, c[0].name)
-    )
+    candidates.sort(key=lambda c: (-len(c[2]), c[1], rank.get(c[0].kind, len(rank)), c[0].kind, c[0].name))
     new: list[DomainFault] = []
     for key, size, nodes in candidates:
         left = [n for n in nodes if n not in absorbed]
@@ -204,9 +202,7 @@ def bad_findings(findings: TickFindings, rules: RuleSet) -> dict[str, list[tuple
     """node → (rule, first seen) of its pending and firing findings of rules that quarantine or
     taint: :func:`correlate`'s input from one tick. Frozen rules, unknown nodes and rules not in the
     rule set are left out (no data is not a fault)."""
-    takes_out = {
-        r.name for r in rules.rules if {a.kind for a in r.actions} & {"quarantine", "taint"}
-    }
+    takes_out = {r.name for r in rules.rules if {a.kind for a in r.actions} & {"quarantine", "taint"}}
     out: dict[str, list[tuple[str, datetime]]] = {}
     for per_node in (findings.firing, findings.pending):
         for node, found in per_node.items():

@@ -149,31 +149,17 @@ def request_ticket(
         return ticket
 
     key = ticket_key(incident.id, provider)
-    ticket = Ticket(
-        incident_id=incident.id,
-        node_id=node.id,
-        provider=provider,
-        idempotency_key=key,
-        status=TicketStatus.PENDING,
-        escalated=False,
-        created_at=now,
-        updated_at=now,
-        findings=records,
-        template=template,
-    )
-    session.add(ticket)
-    session.flush()
-    session.add(
-        OutboxMessage(
-            ticket_id=ticket.id,
+    ticket = _new_ticket(
+        session,
+        Ticket(
+            incident_id=incident.id,
+            node_id=node.id,
             provider=provider,
             idempotency_key=key,
-            body="",
-            status=OutboxStatus.PENDING,
-            attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-        )
+            findings=records,
+            template=template,
+        ),
+        now=now,
     )
     repo.record_action(
         session,
@@ -187,6 +173,28 @@ def request_ticket(
         detail={"ticket_id": ticket.id, "key": key, "rules": sorted({r["rule"] for r in records})},
     )
     log.info("ticket %s requested from %s for node %s", key, provider, node.name)
+    return ticket
+
+
+def _new_ticket(session: Session, ticket: Ticket, *, now: datetime) -> Ticket:
+    """Add ``ticket`` (``pending``, created ``now``) and its outbox message, due at ``now``."""
+    ticket.status = TicketStatus.PENDING
+    ticket.escalated = False
+    ticket.created_at = ticket.updated_at = now
+    session.add(ticket)
+    session.flush()
+    session.add(
+        OutboxMessage(
+            ticket_id=ticket.id,
+            provider=ticket.provider,
+            idempotency_key=ticket.idempotency_key,
+            body="",
+            status=OutboxStatus.PENDING,
+            attempts=0,
+            next_attempt_at=now,
+            created_at=now,
+        )
+    )
     return ticket
 
 
@@ -211,34 +219,20 @@ def request_domain_ticket(
     if found is not None:
         return found
     records = [finding_record(f) for f in findings]
-    ticket = Ticket(
-        incident_id=anchor.id,
-        node_id=node.id,
-        provider=provider,
-        idempotency_key=key,
-        status=TicketStatus.PENDING,
-        escalated=False,
-        created_at=now,
-        updated_at=now,
-        findings=records,
-        template=template,
-        # A domain's repair is not a node's repeat: no repeat-offender escalation.
-        escalation={"escalated": False, "window_days": 0, "reason": "", "previous": []},
-        domain_incident_id=domain.id,
-    )
-    session.add(ticket)
-    session.flush()
-    session.add(
-        OutboxMessage(
-            ticket_id=ticket.id,
+    ticket = _new_ticket(
+        session,
+        Ticket(
+            incident_id=anchor.id,
+            node_id=node.id,
             provider=provider,
             idempotency_key=key,
-            body="",
-            status=OutboxStatus.PENDING,
-            attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-        )
+            findings=records,
+            template=template,
+            # A domain's repair is not a node's repeat: no repeat-offender escalation.
+            escalation={"escalated": False, "window_days": 0, "reason": "", "previous": []},
+            domain_incident_id=domain.id,
+        ),
+        now=now,
     )
     repo.record_action(
         session,

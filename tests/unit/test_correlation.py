@@ -138,8 +138,9 @@ def test_equal_candidates_prefer_the_smaller_domain_then_the_kind_order() -> Non
     [fault] = run(found, topology=topology, thresholds={"ib_leaf": either, "rack": either}).faults
     assert fault.key == DomainKey("rack", "r0")  # 4 nodes, the leaf has 8
     same = {f"n{i}": {"rack": "r0", "ib_leaf": "leaf-0"} for i in range(4)}
-    [fault] = run(found, topology=same, thresholds={"ib_leaf": either, "rack": either},
-                  kind_order=("ib_leaf", "rack")).faults
+    [fault] = run(
+        found, topology=same, thresholds={"ib_leaf": either, "rack": either}, kind_order=("ib_leaf", "rack")
+    ).faults
     assert fault.key == DomainKey("ib_leaf", "leaf-0")
 
 
