@@ -18,6 +18,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sqlite3
@@ -63,7 +64,20 @@ if TYPE_CHECKING:
 
 def topology_file(settings: Settings) -> dict[str, dict[str, str]] | None:
     """The topology file's node → {kind: domain} (``topology.file``), read once at start; None
-    without one. Raises ConfigError naming the file and field."""
+    without one. Raises ConfigError naming the file and field. Logs one warning naming the enabled
+    domain kinds whose ticket provider is not configured (their domain tickets would fail)."""
+    configured = {p.name for p in settings.tickets.providers}
+    missing = [
+        f"{kind} ({k.provider})"
+        for kind, k in settings.topology.kinds().items()
+        if k.provider not in configured
+    ]
+    if missing and configured and not settings.safety.dry_run:
+        logging.getLogger(__name__).warning(
+            "domain kinds whose topology.<kind>.provider is not in tickets.providers (their domain "
+            "tickets would fail): %s",
+            ", ".join(missing),
+        )
     path = settings.topology.file
     if path is None or not settings.topology.enabled:
         return None
