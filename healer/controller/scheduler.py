@@ -175,6 +175,8 @@ class Controller:
     #: time: an early tick runs at the clock's time, no earlier than the last tick (which may have
     #: run at a grid time a little ahead of the clock), and a scheduled tick no earlier than it.
     _last_now: datetime | None = None
+    #: The topology this replica last wrote to the ``topology`` switch (None: not yet).
+    _topology_written: dict[str, dict[str, str]] | None = None
     _woken_at: datetime | None = None
     _backoff: Backoff = field(default_factory=Backoff)
     #: The rules' coverage (rule → nodes exporting its input metrics), when it was observed, and
@@ -320,8 +322,9 @@ class Controller:
                     coverage=self._observe_coverage(ruleset, now),
                     node_labels=self._node_labels(ruleset),
                     validator=self.validator,
-                    topology=self._topology(),
+                    topology=(topology := self._topology()),
                 )
+                self._remember_topology(topology, now)
                 self._count(result)
                 if self.gpu_isolation is not None:
                     self.gpu_isolation.run(detection.findings, ruleset, now, fence=self.fence())
@@ -440,6 +443,20 @@ class Controller:
             )
         else:
             log.info("blind spots: none")
+
+    def _remember_topology(self, topology: dict[str, dict[str, str]] | None, now: datetime) -> None:
+        """Write the ``topology`` switch (kind → domain → nodes) when it changed since this
+        replica last wrote it (the dashboard's topology page reads it)."""
+        if topology is None or topology == self._topology_written:
+            return
+        value: dict[str, dict[str, list[str]]] = {}
+        for node, of in sorted(topology.items()):
+            for kind, name in of.items():
+                value.setdefault(kind, {}).setdefault(name, []).append(node)
+        with transaction(self.session_factory) as session:
+            self.fence().check_db(session)
+            repo.set_switch(session, repo.SWITCH_TOPOLOGY, {"domains": value}, now=now, by=self.identity)
+        self._topology_written = topology
 
     def _topology(self) -> dict[str, dict[str, str]] | None:
         """node → {kind: domain} from the nodes' labels and the topology file (None: correlation

@@ -116,6 +116,25 @@ def test_a_leaf_switch_storm_is_one_domain_incident_one_switch_ticket_and_its_no
             assert switch["domain"]["size"] == 64
             assert "16 of 64 node(s) failing together" in switch["title"]
 
+            # the dashboard: the leaf red on the topology grid, the incident page lists its 16 nodes
+            topology = httpx.get(f"{healer.url}/api/v1/topology", timeout=5).json()
+            leaves = {c["name"]: c for c in topology["kinds"]["ib_leaf"]}
+            # leaf-a has a domain incident; leaf-b one node out on its own (amber, its node red)
+            assert (leaves["leaf-a"]["health"], leaves["leaf-b"]["health"]) == ("bad", "warn")
+            assert [n["health"] for n in leaves["leaf-b"]["nodes"]] == ["bad"]
+            assert (
+                leaves["leaf-a"]["incident"] == switch["domain"]["id"]
+                and leaves["leaf-b"]["incident"] is None
+            )
+            page = httpx.get(f"{healer.url}/topology", timeout=5).text
+            assert f'href="/domains/{switch["domain"]["id"]}"' in page
+            detail = httpx.get(f"{healer.url}/api/v1/domains/{switch['domain']['id']}", timeout=5).json()
+            assert sorted(mb["node"] for mb in detail["members"]) == sorted(leaf[:16])
+            assert {mb["state"] for mb in detail["members"] if mb["node"] != early} == {"awaiting_repair"}
+            assert [t["provider"] for t in detail["tickets"]] == ["network"]
+            domain_page = httpx.get(f"{healer.url}/domains/{switch['domain']['id']}", timeout=5).text
+            assert "16 of 64 node(s) of ib_leaf leaf-a turned bad" in domain_page
+
             # the switch is fixed: the provider resolves its ticket, the GPUs cool
             for node in leaf[:16]:
                 metrics.cool(node)
