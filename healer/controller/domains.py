@@ -216,8 +216,10 @@ def settle(
                 .order_by(Node.name)
             )
         )
+        repaired = _ticket_status(session, row.id) == TicketStatus.RESOLVED
         for incident, node in members:
-            if incident.domain_incident_id is None and node.name in domains.facts:
+            # once the domain is repaired, a member's new incident is its own fault
+            if incident.domain_incident_id is None and node.name in domains.facts and not repaired:
                 fence.check_db(session)
                 incident.domain_incident_id = row.id
         linked = [(i, n) for i, n in members if i.domain_incident_id == row.id]

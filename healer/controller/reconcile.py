@@ -517,7 +517,7 @@ class Reconciler:
             burst_rule=self.labels.burst_rule(view),
             already_out=step.already_out or obs.node.state in OUT_OF_SERVICE,
             pools=pools,
-            domain=f"domain-{obs.facts.domain.id}" if obs.facts.domain else "",
+            domain=f"domain-{d.id}" if (d := obs.facts.domain) and d.ticket != TicketStatus.RESOLVED else "",
         )
 
     def _judge_notices(

@@ -242,6 +242,8 @@ class IncidentFacts:
     validation: dict[str, object] | None = None
     # An operator's release not acted on yet: {"actor", "reason", "at"} (``healer node release``).
     release_requested: dict[str, object] | None = None
+    # The domain incident this incident is part of (healer.engine.correlation), if any.
+    domain_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -587,7 +589,7 @@ def _ticket_effects(rule: Rule | None) -> tuple[Effect, ...]:
 def _after_hold(facts: NodeFacts, ctx: Context, rule: Rule | None, *, reason: str, row: str) -> Step:
     """Quarantined (or drained) → awaiting_repair, asking for a ticket when the rule says so, or
     starting the rule's remediation ladder; a domain's node waits for the domain's ticket."""
-    if facts.domain is not None:
+    if facts.domain is not None and _domain_active(facts):
         return Step(
             kind=StepKind.RECORD,
             to=NodeState.AWAITING_REPAIR,
@@ -1058,7 +1060,7 @@ def _drain_blocked(f: NodeFacts, c: Context) -> Step:
         reason = f"drain blocked past its deadline: pods {pods}; PodDisruptionBudgets {budgets}"
     # Escalate: the rule's ticket goes out now, naming the pods and budgets (the ticket's payload
     # reads them from the drain's record), so a blocked drain never strands the node unseen.
-    tickets = () if f.domain else _ticket_effects(c.rule(f.incident.rule if f.incident else None))
+    tickets = () if _domain_active(f) else _ticket_effects(c.rule(f.incident.rule if f.incident else None))
     return Step(
         StepKind.TICKET if tickets else StepKind.RECORD,
         NodeState.BLOCKED,
@@ -1117,7 +1119,7 @@ def _no_ticket_and_clear(f: NodeFacts, c: Context) -> bool:
     """The incident asked no provider for a repair (a quarantine-only rule) and its findings are
     clear: healer's own hold is the only thing keeping the node out of service."""
     inc = f.incident
-    return inc is not None and inc.ticket is None and f.domain is None and _clear(f, c)
+    return inc is not None and inc.ticket is None and not _domain_active(f) and _clear(f, c)
 
 
 def _validate_without_repair(f: NodeFacts, c: Context) -> Step:
@@ -1217,12 +1219,18 @@ def _stale_release(f: NodeFacts, c: Context) -> Step:
     )
 
 
+def _domain_active(f: NodeFacts) -> bool:
+    """The node is absorbed by a domain incident whose repair is still awaited (once its ticket is
+    resolved, a node that is bad again is a fault of its own)."""
+    return f.domain is not None and f.domain.ticket != TicketStatus.RESOLVED
+
+
 def _domain_evidence(domain: DomainFacts) -> dict[str, object]:
     return {"id": domain.id, "kind": domain.kind, "name": domain.name}
 
 
 def _in_domain(f: NodeFacts, c: Context) -> bool:
-    return f.domain is not None and bool(remediating(f, c)) and f.view is not None
+    return _domain_active(f) and bool(remediating(f, c)) and f.view is not None
 
 
 def _domain_taint(f: NodeFacts, c: Context) -> Step | None:
@@ -1260,7 +1268,14 @@ def _domain_waits(f: NodeFacts, c: Context) -> Step:
 
 
 def _domain_repaired(f: NodeFacts, c: Context) -> bool:
-    return f.domain is not None and f.domain.ticket == TicketStatus.RESOLVED
+    """The domain's ticket is resolved and this incident is the domain's (a node's own incident,
+    opened after the domain's repair, waits for its own)."""
+    return (
+        f.domain is not None
+        and f.domain.ticket == TicketStatus.RESOLVED
+        and f.incident is not None
+        and f.incident.domain_id == f.domain.id
+    )
 
 
 def _domain_repair_done(f: NodeFacts, c: Context) -> Step:
@@ -1333,7 +1348,7 @@ TABLE: tuple[Row, ...] = (
     Row("domain taint", _s(NodeState.SUSPECT), _in_domain, _domain_taint),
     Row("quarantine", _s(NodeState.SUSPECT), lambda f, c: bool(remediating(f, c)), _quarantine_from_suspect),
     Row("ticket only", _s(NodeState.SUSPECT), lambda f, c: True, _ticket_only),
-    Row("domain waits", _s(NodeState.QUARANTINED), lambda f, c: f.domain is not None, _domain_waits),
+    Row("domain waits", _s(NodeState.QUARANTINED), lambda f, c: _domain_active(f), _domain_waits),
     Row("drain or wait", _s(NodeState.QUARANTINED), lambda f, c: True, _drain_or_wait),
     Row("drained", _s(NodeState.DRAINING), lambda f, c: f.drain is not None and f.drain.done, _drained),
     Row(

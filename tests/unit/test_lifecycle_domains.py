@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from dataclasses import replace
+
 from healer.engine import lifecycle as lc
 from healer.model.drain import DrainReport
 from healer.model.states import NodeState, TicketStatus
@@ -13,7 +15,8 @@ from tests.unit.test_lifecycle import CORDONED, CTX, HELD, HOT, facts, incident,
 
 LEAF = lc.DomainFacts(id=3, kind="ib_leaf", name="leaf-A", ticket=TicketStatus.SENT)
 FIXED = lc.DomainFacts(id=3, kind="ib_leaf", name="leaf-A", ticket=TicketStatus.RESOLVED)
-TAINTED = incident(rule="GpuTooHot", cordoned_by_healer=False, expect_unschedulable=False)
+TAINTED = incident(rule="GpuTooHot", cordoned_by_healer=False, expect_unschedulable=False, domain_id=3)
+JOINED = replace(HELD, domain_id=3)
 
 CASES = [
     # (id, facts, row, next state, effect types)
@@ -80,7 +83,7 @@ CASES = [
     ),
     (
         "the domain's ticket resolved while draining → repaired (the drain is ended)",
-        facts(NodeState.DRAINING, incident=HELD, view=CORDONED, domain=FIXED),
+        facts(NodeState.DRAINING, incident=JOINED, view=CORDONED, domain=FIXED),
         "domain repaired",
         NodeState.REPAIRED,
         [],
@@ -91,6 +94,20 @@ CASES = [
         "domain taint",
         NodeState.QUARANTINED,
         ["Taint", "SetCondition", "Event"],
+    ),
+    (
+        "after the domain's repair, a member bad again is a node fault: cordoned",
+        facts(NodeState.SUSPECT, incident=incident(), firing=HOT, domain=FIXED),
+        "quarantine",
+        NodeState.QUARANTINED,
+        ["Cordon", "Taint", "SetCondition", "Event"],
+    ),
+    (
+        "after the domain's repair, a member's own incident is not repaired by it",
+        facts(NodeState.QUARANTINED, incident=HELD, firing=HOT, view=CORDONED, domain=FIXED),
+        "drain",
+        NodeState.DRAINING,
+        ["StartDrain", "Event"],
     ),
     (
         "no domain: the node's own quarantine (cordon) as before",
