@@ -19,7 +19,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from healer.config import TopologySettings
-from healer.engine.correlation import Topology
+from healer.engine.correlation import Threshold, Topology
 from healer.errors import ConfigError
 
 
@@ -80,3 +80,11 @@ def build(
         if domains:
             out[node] = domains
     return out
+
+
+def thresholds(settings: TopologySettings) -> dict[str, Threshold]:
+    """The enabled kinds' thresholds, as :func:`healer.engine.correlation.correlate` takes them."""
+    return {
+        kind: Threshold(k.min_nodes, k.min_percent, k.window_seconds, frozenset(k.rules))
+        for kind, k in settings.kinds().items()
+    }

@@ -54,14 +54,6 @@ class Domains:
         return {node: f"domain-{f.id}" for node, f in self.facts.items()}
 
 
-def thresholds(settings: TopologySettings) -> dict[str, engine.Threshold]:
-    """The enabled kinds' thresholds, as the engine takes them."""
-    return {
-        kind: engine.Threshold(k.min_nodes, k.min_percent, k.window_seconds, frozenset(k.rules))
-        for kind, k in settings.kinds().items()
-    }
-
-
 def _taint_effect(settings: TopologySettings, kind: str) -> TaintEffect:
     kinds = settings.kinds()
     return kinds[kind].taint_effect if kind in kinds else "NoSchedule"
@@ -103,6 +95,8 @@ def correlate(
     rows = list(session.scalars(select(DomainIncident).where(DomainIncident.closed_at.is_(None))))
     if not topology and not rows:
         return Domains()
+    from healer.topology import thresholds
+
     limits = thresholds(settings)
     result = engine.correlate(
         findings=engine.bad_findings(findings, rules),

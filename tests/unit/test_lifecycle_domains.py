@@ -4,9 +4,9 @@ resolved. Time as a parameter."""
 
 from __future__ import annotations
 
-import pytest
-
 from dataclasses import replace
+
+import pytest
 
 from healer.engine import lifecycle as lc
 from healer.model.drain import DrainReport
