@@ -149,38 +149,40 @@ def request_ticket(
         return ticket
 
     key = ticket_key(incident.id, provider)
-    ticket = _new_ticket(
-        session,
-        Ticket(
-            incident_id=incident.id,
-            node_id=node.id,
-            provider=provider,
-            idempotency_key=key,
-            findings=records,
-            template=template,
-        ),
-        now=now,
-    )
-    repo.record_action(
-        session,
-        kind="ticket",
-        status=ActionStatus.PENDING,
-        actor=ACTOR,
-        now=now,
-        node=node,
-        incident=incident,
-        target=provider,
-        detail={"ticket_id": ticket.id, "key": key, "rules": sorted({r["rule"] for r in records})},
-    )
+    ticket = _new_ticket(session, incident, node, provider, key, records, template, now=now)
     log.info("ticket %s requested from %s for node %s", key, provider, node.name)
     return ticket
 
 
-def _new_ticket(session: Session, ticket: Ticket, *, now: datetime) -> Ticket:
-    """Add ``ticket`` (``pending``, created ``now``) and its outbox message, due at ``now``."""
-    ticket.status = TicketStatus.PENDING
-    ticket.escalated = False
-    ticket.created_at = ticket.updated_at = now
+def _new_ticket(
+    session: Session,
+    incident: Incident,
+    node: Node,
+    provider: str,
+    key: str,
+    findings: list[dict[str, Any]],
+    template: str | None,
+    *,
+    now: datetime,
+    audit: dict[str, Any] | None = None,
+    **columns: Any,
+) -> Ticket:
+    """A ``pending`` ticket (created ``now``, with more ``columns``), its outbox message, due at
+    ``now``, and its ``ticket`` audit row: on the node and incident, or with ``audit`` added to its
+    detail and on neither (a domain's ticket)."""
+    ticket = Ticket(
+        incident_id=incident.id,
+        node_id=node.id,
+        provider=provider,
+        idempotency_key=key,
+        status=TicketStatus.PENDING,
+        escalated=False,
+        created_at=now,
+        updated_at=now,
+        findings=findings,
+        template=template,
+        **columns,
+    )
     session.add(ticket)
     session.flush()
     session.add(
@@ -194,6 +196,22 @@ def _new_ticket(session: Session, ticket: Ticket, *, now: datetime) -> Ticket:
             next_attempt_at=now,
             created_at=now,
         )
+    )
+    repo.record_action(
+        session,
+        kind="ticket",
+        status=ActionStatus.PENDING,
+        actor=ACTOR,
+        now=now,
+        node=None if audit else node,
+        incident=None if audit else incident,
+        target=provider,
+        detail={
+            "ticket_id": ticket.id,
+            "key": key,
+            **(audit or {}),
+            "rules": sorted({r["rule"] for r in findings}),
+        },
     )
     return ticket
 
@@ -221,32 +239,18 @@ def request_domain_ticket(
     records = [finding_record(f) for f in findings]
     ticket = _new_ticket(
         session,
-        Ticket(
-            incident_id=anchor.id,
-            node_id=node.id,
-            provider=provider,
-            idempotency_key=key,
-            findings=records,
-            template=template,
-            # A domain's repair is not a node's repeat: no repeat-offender escalation.
-            escalation={"escalated": False, "window_days": 0, "reason": "", "previous": []},
-            domain_incident_id=domain.id,
-        ),
+        anchor,
+        node,
+        provider,
+        key,
+        records,
+        template,
         now=now,
-    )
-    repo.record_action(
-        session,
-        kind="ticket",
-        status=ActionStatus.PENDING,
-        actor=ACTOR,
-        now=now,
-        target=provider,
-        detail={
-            "ticket_id": ticket.id,
-            "key": key,
-            "domain": {"id": domain.id, "kind": domain.kind, "name": domain.name},
-            "rules": sorted({r["rule"] for r in records}),
-        },
+        # A domain's repair is not a node's repeat: no repeat-offender escalation.
+        escalation={"escalated": False, "window_days": 0, "reason": "", "previous": []},
+        domain_incident_id=domain.id,
+        # the audit row names the domain, not its first member (whose own history it is not)
+        audit={"domain": {"id": domain.id, "kind": domain.kind, "name": domain.name}},
     )
     log.info("ticket %s requested from %s for %s %s", key, provider, domain.kind, domain.name)
     return ticket
