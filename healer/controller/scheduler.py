@@ -387,6 +387,10 @@ class Controller:
                 continue
             outcome = "refused" if o.refused else "failed" if o.error else "succeeded"
             self.metrics.count_action(o.step, outcome)
+        self.metrics.set_domains(
+            self.settings.topology.kinds(),
+            {node: (f.kind, f.id) for node, f in result.domains.facts.items()},
+        )
 
     def _observe_coverage(self, ruleset: RuleSet, now: datetime) -> dict[str, frozenset[str]]:
         """The rules' coverage, observed again every ``safety.coverage_refresh_seconds`` or when

@@ -98,6 +98,9 @@ def test_a_leaf_switch_storm_is_one_domain_incident_one_switch_ticket_and_its_no
             wait_until(lambda: len(receiver.requests) >= 3, timeout=30, what="three tickets delivered")
             status = httpx.get(f"{healer.url}/api/v1/status", timeout=5).json()
             assert status["breaker"]["tripped"] is False
+            exposition = httpx.get(f"{healer.url}/metrics", timeout=5).text
+            assert 'healer_domain_incidents_open{kind="ib_leaf"} 1.0' in exposition
+            assert 'healer_domain_incident_nodes{kind="ib_leaf"} 16.0' in exposition
             # tainted, not cordoned; `early` keeps its own cordon and drain
             for node in storm:
                 assert not world.node(node)["spec"].get("unschedulable"), node
