@@ -187,3 +187,9 @@ def domain_incident_page(session: Session, incident_id: int) -> DomainIncidentPa
 
 def _iso(at: datetime | None) -> str | None:
     return at.isoformat() if at else None
+
+
+def domain_of(session: Session, incident_id: int) -> DomainIncident | None:
+    """The domain incident the node incident ``incident_id`` is part of (None: its own fault)."""
+    domain_id = session.scalar(select(Incident.domain_incident_id).where(Incident.id == incident_id))
+    return session.get(DomainIncident, domain_id) if domain_id is not None else None

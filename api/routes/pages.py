@@ -210,6 +210,7 @@ def node_page(
             "done": _done(request),
             "releasable": detail.node.state in {str(s) for s in RELEASABLE},
             "parts_failed_before": parts_view.parts_failed_before(session, detail.node.name, now=now),
+            "domain": topology_view.domain_of(session, incident.id) if incident else None,
         },
     )
 

@@ -310,6 +310,9 @@ def seed_domain(sessions: sessionmaker[Session], *, now: datetime) -> int:
         )
         s.add(row)
         s.flush()
+        member = repo.get_or_create_node(s, "gpu-node-a2", now=now)
+        linked = repo.new_incident(s, member, now=now, summary="GPU 1 link down")
+        linked.domain_incident_id = row.id
         return row.id
 
 
@@ -333,3 +336,7 @@ def test_topology_grid_leads_to_the_domain_incident_and_its_nodes(dashboard: Das
     expect(members).to_have_count(4)
     page.get_by_test_id("domain-members").get_by_role("link", name="gpu-node-a2").click()
     expect(page.get_by_test_id("node-name")).to_have_text("gpu-node-a2")
+    banner = page.get_by_test_id("node-domain")
+    expect(banner).to_contain_text("ib_leaf leaf-a, 4 of 4 node(s); no replacement ticket of its own")
+    banner.get_by_role("link", name=f"domain incident {incident}").click()
+    expect(page.get_by_role("heading", name=f"Domain incident {incident}: ib_leaf leaf-a")).to_be_visible()
