@@ -562,6 +562,115 @@ class ValidationSettings(_Group):
     )
 
 
+TaintEffectName = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class DomainKindSettings(_Group):
+    """One kind of domain (:mod:`healer.engine.correlation`): where a node's domain is read, when
+    bad nodes in it are one domain fault, and where the domain's ticket goes.
+
+    The thresholds' defaults (per kind, below) rest on one argument: independent node faults in a
+    domain are rare (a few per node per year), so several in one domain within minutes are one
+    cause; a storm from one part (a switch, a rack's power or cooling) reaches its nodes within a
+    minute or two, plus a scrape interval and the 5-minute rate windows of the InfiniBand and
+    NVLink rules, hence a 300 s window.
+    """
+
+    enabled: bool = Field(True, description="Correlate this kind (False: its domains are ignored).")
+    labels: list[str] = Field(
+        default_factory=list,
+        description="Node labels naming the node's domain of this kind, first present wins.",
+    )
+    min_nodes: int = Field(
+        3, ge=2, description="Bad nodes that make a domain fault (count; 1 is a node fault)."
+    )
+    min_percent: float = Field(
+        10.0, ge=0, le=100, description="... and at least this % of the domain's nodes."
+    )
+    window_seconds: float = Field(
+        300.0, gt=0, description="Their first-seen times within this many seconds of each other."
+    )
+    rules: list[str] = Field(
+        default_factory=list,
+        description="Only findings of these rules count (empty: every rule that quarantines or taints).",
+    )
+    provider: str = Field("default", description="The ticket provider of this kind's domain tickets.")
+    template: TemplateName = Field(
+        None, description="Template override for the domain ticket (None: the provider's)."
+    )
+    taint_effect: TaintEffectName = Field(
+        "NoSchedule",
+        description="The effect of healer's taint on the domain's nodes (not cordoned, not drained).",
+    )
+
+
+class RackSettings(DomainKindSettings):
+    """A rack (power, cooling, top-of-rack): an HGX rack holds 4-8 nodes, an NVL72 rack 18; 3
+    nodes and a quarter of the rack at once is not chance."""
+
+    labels: list[str] = Field(default_factory=lambda: ["topology.healer.dev/rack"])
+    min_nodes: int = Field(3, ge=2)
+    min_percent: float = Field(25.0, ge=0, le=100)
+
+
+class IbLeafSettings(DomainKindSettings):
+    """An InfiniBand leaf switch: up to 64 ports (NVIDIA Quantum-2 QM9700, 64 NDR ports); 3 nodes
+    and 10 % of those behind it (16 of 64 is 25 %)."""
+
+    labels: list[str] = Field(default_factory=lambda: ["topology.healer.dev/ib-leaf"])
+
+
+class IbSpineSettings(DomainKindSettings):
+    """An InfiniBand spine switch: many leaves' nodes; 4 nodes and 10 % of them."""
+
+    labels: list[str] = Field(default_factory=lambda: ["topology.healer.dev/ib-spine"])
+    min_nodes: int = Field(4, ge=2)
+
+
+class NvlinkSettings(DomainKindSettings):
+    """An NVLink domain (NVL72: 18 compute trays sharing NVSwitch trays), read from GPU Feature
+    Discovery's ``nvidia.com/gpu.clique`` (``<cluster UUID>.<clique id>``); 3 trays and 15 %."""
+
+    labels: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu.clique"])
+    min_percent: float = Field(15.0, ge=0, le=100)
+
+
+class ZoneSettings(DomainKindSettings):
+    """A zone (``topology.kubernetes.io/zone``): off by default, a zone outage is the breaker's."""
+
+    enabled: bool = Field(False)
+    labels: list[str] = Field(default_factory=lambda: ["topology.kubernetes.io/zone"])
+    min_nodes: int = Field(8, ge=2)
+    min_percent: float = Field(25.0, ge=0, le=100)
+
+
+class TopologySettings(_Group):
+    """Domains of nodes that fail together (docs/topology.md): k of n nodes of one domain bad
+    within a window are one domain incident, one ticket to the domain's queue."""
+
+    enabled: bool = Field(True, description="Correlate findings by domain (no labels, no domains).")
+    file: Path | None = Field(
+        None,
+        description="YAML {nodes: {node: {kind: domain}}} for what the labels do not carry (labels win).",
+    )
+    nvlink: NvlinkSettings = Field(default_factory=NvlinkSettings)
+    rack: RackSettings = Field(default_factory=RackSettings)
+    ib_leaf: IbLeafSettings = Field(default_factory=IbLeafSettings)
+    ib_spine: IbSpineSettings = Field(default_factory=IbSpineSettings)
+    zone: ZoneSettings = Field(default_factory=ZoneSettings)
+
+    def kinds(self) -> dict[str, DomainKindSettings]:
+        """The enabled kinds, most specific first (the order that breaks ties between domains)."""
+        every: dict[str, DomainKindSettings] = {
+            "nvlink": self.nvlink,
+            "rack": self.rack,
+            "ib_leaf": self.ib_leaf,
+            "ib_spine": self.ib_spine,
+            "zone": self.zone,
+        }
+        return {kind: k for kind, k in every.items() if k.enabled} if self.enabled else {}
+
+
 class ApiToken(_Group):
     """A bearer token and the role it grants. Give the token through the environment, not a file in git."""
 
@@ -617,6 +726,7 @@ class Settings(BaseSettings):
     kueue: KueueSettings = Field(default_factory=KueueSettings)
     gpu_isolation: GpuIsolationSettings = Field(default_factory=GpuIsolationSettings)
     infiniband: InfinibandSettings = Field(default_factory=InfinibandSettings)
+    topology: TopologySettings = Field(default_factory=TopologySettings)
 
     @classmethod
     def settings_customise_sources(

@@ -101,6 +101,19 @@ class HealerMetrics:
             ["rule"],
             registry=self.registry,
         )
+        self.domain_incidents = Gauge(
+            "healer_domain_incidents_open",
+            "Open domain incidents (k of n nodes of one rack, switch or NVLink domain bad together) "
+            "by domain kind, as of the last tick.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.domain_nodes = Gauge(
+            "healer_domain_incident_nodes",
+            "Nodes absorbed by open domain incidents, by domain kind, as of the last tick.",
+            ["kind"],
+            registry=self.registry,
+        )
         self.actions = Counter(
             "healer_actions",
             "Actions taken, dry-run or refused, by kind (cordon, drain, ticket, ...) and result.",
@@ -174,6 +187,14 @@ class HealerMetrics:
         (NUL, invalid text, overlong node names; see :mod:`healer.engine.labels`)."""
         if series:
             self.label_values_cleaned.labels(rule=rule).inc(series)
+
+    def set_domains(self, kinds: Iterable[str], absorbed: Mapping[str, tuple[str, int]]) -> None:
+        """Open domain incidents and their nodes per kind (every kind in ``kinds`` written, 0 when
+        none); ``absorbed``: node → (kind, domain incident id)."""
+        for kind in {*kinds, *(k for k, _ in absorbed.values())}:
+            of_kind = [i for k, i in absorbed.values() if k == kind]
+            self.domain_incidents.labels(kind).set(len(set(of_kind)))
+            self.domain_nodes.labels(kind).set(len(of_kind))
 
     def set_unresolved(self, rule: str, unresolved: UnresolvedSeries | None) -> None:
         """Record how many series of ``rule`` named no node (0 when ``unresolved`` is None), with

@@ -18,6 +18,7 @@ The commands in :mod:`healer.cli` call it; with the CLI it is the only place tha
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sqlite3
@@ -59,6 +60,30 @@ if TYPE_CHECKING:
     from healer.ruleset.schema import RuleSet
     from healer.sources.prometheus import PrometheusSource
     from healer.sources.prometheus_range import PrometheusRange
+
+
+def topology_file(settings: Settings) -> dict[str, dict[str, str]] | None:
+    """The topology file's node → {kind: domain} (``topology.file``), read once at start; None
+    without one. Raises ConfigError naming the file and field. Logs one warning naming the enabled
+    domain kinds whose ticket provider is not configured (their domain tickets would fail)."""
+    configured = {p.name for p in settings.tickets.providers}
+    missing = [
+        f"{kind} ({k.provider})"
+        for kind, k in settings.topology.kinds().items()
+        if k.provider not in configured
+    ]
+    if missing and configured and not settings.safety.dry_run:
+        logging.getLogger(__name__).warning(
+            "domain kinds whose topology.<kind>.provider is not in tickets.providers (their domain "
+            "tickets would fail): %s",
+            ", ".join(missing),
+        )
+    path = settings.topology.file
+    if path is None or not settings.topology.enabled:
+        return None
+    from healer.topology import load_file
+
+    return load_file(path, frozenset(settings.topology.kinds()))
 
 
 def default_identity() -> str:
@@ -459,6 +484,7 @@ def build_process(
         burst=burst_sync(
             settings, api_client, sessions, cluster, pod_watch=pod_watch, budget_watch=budget_watch
         ),
+        topology_file=topology_file(settings),
     )
     app = dashboard(
         settings,

@@ -29,6 +29,7 @@ from api.deps import (
     get_identity,
     require_operator,
 )
+from api.errors import ApiError
 from api.exporter_inputs import check_inputs, with_inputs
 from api.schemas import (
     ActionOut,
@@ -204,6 +205,26 @@ def list_rules(session: SessionDep, now: NowDep, ruleset: RuleSetDep, prometheus
     and rejected reloads."""
     page = queries.rules_page(session, ruleset=ruleset, now=now)
     return with_inputs(page, check_inputs(prometheus, ruleset, now=now))
+
+
+@router.get("/topology", summary="Topology and domain incidents")
+def topology(session: SessionDep) -> dict[str, object]:
+    """Kind → its domains (nodes, their states, the open domain incident) as the leader last read
+    the topology, and the domain incidents, open first (docs/topology.md)."""
+    from api.topology_view import topology_page
+
+    return topology_page(session).as_json()
+
+
+@router.get("/domains/{incident_id}", summary="One domain incident")
+def domain_incident(session: SessionDep, incident_id: RowId) -> dict[str, object]:
+    """The domain incident: its domain, thresholds, members (state, incident, findings), tickets."""
+    from api.topology_view import domain_incident_page
+
+    page = domain_incident_page(session, incident_id)
+    if page is None:
+        raise ApiError(404, f"no domain incident {incident_id}")
+    return page.as_json()
 
 
 @router.get("/burst", summary="Burst nodes")

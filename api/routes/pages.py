@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import burst_view, charts, operator, parts_view, queries
+from api import burst_view, charts, operator, parts_view, queries, topology_view
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
 from api.deps import (
     FleetQueryDep,
@@ -210,6 +210,7 @@ def node_page(
             "done": _done(request),
             "releasable": detail.node.state in {str(s) for s in RELEASABLE},
             "parts_failed_before": parts_view.parts_failed_before(session, detail.node.name, now=now),
+            "domain": topology_view.domain_of(session, incident.id) if incident else None,
         },
     )
 
@@ -253,6 +254,24 @@ def burst_page(request: Request, session: SessionDep, now: NowDep, _who: Identit
     """The burst: each capacity rule's burst nodes, open or closed, the pods out and those that
     cannot come back, and the history of toggles and returns."""
     return render(request, "burst.html", {"b": burst_view.burst_page(session), "now": now})
+
+
+@router.get("/topology")
+def topology_page(request: Request, session: SessionDep, now: NowDep, _who: IdentityDep) -> Response:
+    """Racks, switches and NVLink domains as a grid coloured by their nodes' health, and the domain
+    incidents (open first)."""
+    return render(request, "topology.html", {"t": topology_view.topology_page(session), "now": now})
+
+
+@router.get("/domains/{incident_id}")
+def domain_incident_page(
+    request: Request, session: SessionDep, now: NowDep, _who: IdentityDep, incident_id: RowId
+) -> Response:
+    """One domain incident: its domain, thresholds, member nodes (state, findings) and ticket."""
+    page = topology_view.domain_incident_page(session, incident_id)
+    if page is None:
+        raise ApiError(404, f"no domain incident {incident_id}")
+    return render(request, "domain.html", {"d": page, "now": now})
 
 
 @router.get("/rules")

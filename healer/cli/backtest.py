@@ -18,13 +18,15 @@ import sys
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from healer.cli.context import settings_from
 from healer.cli.evaluate import DEGRADED, degraded_line
 from healer.cli.tables import columns
+from healer.config import Settings
+from healer.errors import ConfigError
 
 if TYPE_CHECKING:
     from healer.engine.backtest import Comparison, QueryFailure, Report
@@ -114,6 +116,8 @@ def _table(report: Report) -> str:
         out += ["", columns(node_rows)]
     for at, why in report.breaker_trips:
         out.append(f"circuit breaker tripped at {at.isoformat()}: {why}")
+    for at, what in report.domain_incidents:
+        out.append(f"domain incident at {at.isoformat()}: {what}")
     if report.degraded:
         out += ["", DEGRADED]
         for u in report.degraded:
@@ -189,6 +193,14 @@ def backtest(
         ),
     ] = None,
     chunk: Annotated[str, typer.Option("--chunk", help="History per range query.")] = "2h",
+    topology: Annotated[
+        Path | None,
+        typer.Option(
+            "--topology",
+            help="A topology file (docs/topology.md): replay domain correlation with the topology "
+            "settings' thresholds (default: topology.file; none: no correlation).",
+        ),
+    ] = None,
 ) -> None:
     """Replay Prometheus history through the rules, lifecycle and safety (nothing is changed, no
     ticket sent): per rule and node when it would have fired, quarantined, drained, been held by the
@@ -228,6 +240,12 @@ def backtest(
     except RuleError as exc:
         typer.echo(f"error: the rules do not load\n{exc}", err=True)
         raise typer.Exit(2) from exc
+    topology_path = topology or settings.topology.file
+    try:
+        replay_topology = _replay_topology(settings, topology_path)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     default_interval = settings.scheduler.default_interval_seconds
     step_s = given_step or default_step([r for _, r in rulesets], default_interval)
     p = settings.prometheus
@@ -255,6 +273,7 @@ def backtest(
                     recovery_hold_seconds=settings.safety.recovery_hold_seconds,
                     fleet_size=fleet_size,
                     repair_after_seconds=repair_s,
+                    **replay_topology,
                 ),
                 chunk_seconds=chunk_s,
                 progress=progress,
@@ -289,6 +308,22 @@ def backtest(
         raise typer.Exit(1)
     if any(r.degraded for r in reports):
         raise typer.Exit(2)
+
+
+def _replay_topology(settings: Settings, path: Path | None) -> dict[str, Any]:
+    """The replay's topology, thresholds and kind order from the topology file ``path`` (none: no
+    correlation). Raises ConfigError naming the file and field."""
+    from healer.topology import build, load_file, thresholds
+
+    kinds = settings.topology.kinds()
+    if path is None or not kinds:
+        return {}
+    file_map = load_file(path, frozenset(kinds))
+    return {
+        "topology": build({node: {} for node in file_map}, settings.topology, file_map=file_map),
+        "thresholds": thresholds(settings.topology),
+        "kind_order": tuple(kinds),
+    }
 
 
 def _echo_failures(failures: list[tuple[str, QueryFailure]], labelled: bool) -> None:

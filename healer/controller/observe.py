@@ -263,6 +263,7 @@ def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) ->
         repair_nonce=incident.repair_nonce,
         validation=incident.validation,
         release_requested=incident.release_requested,
+        domain_id=incident.domain_incident_id,
     )
 
 

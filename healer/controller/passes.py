@@ -27,12 +27,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from healer.actions.base import NodeActions
 from healer.actions.validation import Validator
 from healer.config import Settings
+from healer.controller import domains as domain_facts
 from healer.controller import fleet as fleet_facts
 from healer.controller import repair, sticky_values
 from healer.controller.backoff import Backoff
 from healer.controller.fence import Fence
 from healer.controller.observe import Labels, Seen, read_all
 from healer.controller.reconcile import NodeOutcome, Reconciler
+from healer.engine import correlation as engine_correlation
 from healer.engine import pools as engine_pools
 from healer.engine import safety
 from healer.engine import sticky as engine_sticky
@@ -56,6 +58,7 @@ class RemediationResult:
     breaker_tripped: bool = False
     breaker: safety.BreakerVerdict | None = None
     held: list[str] = field(default_factory=list)  # nodes the breaker held back (all so far)
+    domains: domain_facts.Domains = field(default_factory=domain_facts.Domains)
 
     def states(self) -> dict[str, str]:
         """node → the state it ended in (nodes that moved)."""
@@ -146,6 +149,7 @@ def remediate(
     coverage: Mapping[str, frozenset[str]] | None = None,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
     validator: Validator | None = None,
+    topology: engine_correlation.Topology | None = None,
 ) -> RemediationResult:
     """Advance every node with findings or not healthy by up to ``MAX_STEPS_PER_TICK`` steps.
 
@@ -174,6 +178,9 @@ def remediate(
             ``pool.node_selector``; None: such rules count over the labelled pools.
         validator: validation Jobs (``healer.actions.validation``): every return to service waits
             for one to pass. None: the recovery hold alone decides.
+        topology: node → {kind: domain} (:mod:`healer.topology`): k of n nodes of one domain bad
+            together are one domain incident (:mod:`healer.controller.domains`), counted once by
+            the budget and the breaker. None: no correlation.
 
     Returns:
         The per-node outcomes, pause and breaker status, and the nodes the breaker holds.
@@ -231,15 +238,33 @@ def remediate(
         rec.pools = pools_over(recorded)
         by_fleet = pools_over(node_pools) if node_pools != recorded else rec.pools
         _remember_pools(session, rec.pools, now=now, actor=actor, fence=rec.fence)
+        domains = domain_facts.correlate(
+            session,
+            findings=current,
+            rules=rules,
+            topology=topology or {},
+            settings=settings.topology,
+            now=now,
+            actor=actor,
+            fence=rec.fence,
+        )
+        rec.domains = domains.facts
+        keys = domains.keys()
         bad_on = fleet_facts.turned_bad_on(current, rules)
+        bad_in = {n: by_fleet.pools_of(n, per_rule) for n, per_rule in bad_on.items()}
+        for node in sorted(bad_on, reverse=True):  # a domain counts in its first node's pools
+            if node in keys:
+                bad_in[keys[node]] = bad_in[node]
         verdict = safety.breaker(
-            turned_bad={n: min(per_rule.values()) for n, per_rule in bad_on.items()},
+            turned_bad=engine_correlation.collapse(
+                {n: min(per_rule.values()) for n, per_rule in bad_on.items()}, keys
+            ),
             fleet_size=fleet_size,
             settings=limits,
             now=now,
             reset_at=fleet_facts.parse_time(breaker_row.get("reset_at")),
             members=by_fleet.members,
-            bad_in={n: by_fleet.pools_of(n, per_rule) for n, per_rule in bad_on.items()},
+            bad_in=bad_in,
         )
         tripped = bool(breaker_row.get("tripped"))
         if not tripped and verdict.trip:
@@ -275,10 +300,24 @@ def remediate(
         breaker_tripped=tripped,
         members=rec.pools.members,
         out_nodes=out_nodes,
+        domains=keys,
     )
     result.paused, result.breaker_tripped, result.breaker = paused, tripped, verdict
     held_before = list(rec.held)
     _reconcile_all(rec, fleet_facts.order(names, findings, states), seen, state, result, backoff, states)
+    if domains.facts:
+        with transaction(session_factory) as session:
+            domain_facts.settle(
+                session,
+                domains=domains,
+                findings=current,
+                settings=settings.topology,
+                now=now,
+                actor=actor,
+                paused=paused,
+                fence=rec.fence,
+            )
+    result.domains = domains
     if tripped and rec.held != held_before:
         with transaction(session_factory) as session:
             rec.fence.check_db(session)
@@ -336,6 +375,7 @@ def advance_drains(
         names = [n.name for n in repo.nodes_in_states(session, [NodeState.DRAINING])]
         paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
         result.breaker_tripped = bool(repo.get_switch(session, repo.SWITCH_BREAKER).get("tripped"))
+        rec.domains = domain_facts.linked_facts(session, names, settings.topology)
     result.paused = paused
     state = safety.SafetyState(settings=settings.safety.limits(), now=now, paused=paused)
     seen = read_all(actions, [name for name in names if not backoff.waiting(name, now)])

@@ -42,7 +42,7 @@ repeats the idempotent writes and records them).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -154,6 +154,8 @@ class Reconciler:
     repair: RepairPublisher | None = None
     xid_catalog: XidCatalog | None = None
     validator: Validator | None = None
+    #: node → the domain incident absorbing it this pass (:mod:`healer.controller.domains`).
+    domains: Mapping[str, lc.DomainFacts] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._removing = set(engine_pools.removing_rules(self.rules))
@@ -410,6 +412,8 @@ class Reconciler:
             run.attached.add(obs.incident.id)
         run.rows = obs.rows
         obs.facts = self._with_validation(obs.facts)
+        if name in self.domains:
+            obs.facts = replace(obs.facts, domain=self.domains[name])
         wanted = lc.notices(obs.facts, self.ctx) if notices else []
         approved, state = self._judge_notices(session, obs, wanted, state)
         plan = _Plan(
@@ -542,6 +546,7 @@ class Reconciler:
             burst_rule=self.labels.burst_rule(view),
             already_out=step.already_out or obs.node.state in OUT_OF_SERVICE,
             pools=pools,
+            domain=f"domain-{d.id}" if (d := obs.facts.domain) and d.ticket != TicketStatus.RESOLVED else "",
         )
 
     def _judge_notices(

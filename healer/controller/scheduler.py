@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -46,7 +46,7 @@ from healer.actions.validation import Validator
 from healer.blind_spots import observe_blind_spots
 from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
-from healer.controller import ownership
+from healer.controller import domains, ownership
 from healer.controller.backoff import Backoff
 from healer.controller.burst import BurstSync
 from healer.controller.fence import Fence, claim
@@ -153,6 +153,8 @@ class Controller:
     gpu_isolation: GpuIsolationSync | None = None
     #: The capacity rules' burst job, run by its own job; None: off.
     burst: BurstSync | None = None
+    #: The topology file's node → {kind: domain} (``topology.file``), beside the nodes' labels.
+    topology_file: Mapping[str, Mapping[str, str]] | None = None
     http: httpx.Client = field(default_factory=lambda: httpx.Client(follow_redirects=False))
     state: EvaluationState = field(default_factory=EvaluationState)
     #: This replica's own clock for leader election (client-go times the Lease's observed changes
@@ -173,6 +175,8 @@ class Controller:
     #: time: an early tick runs at the clock's time, no earlier than the last tick (which may have
     #: run at a grid time a little ahead of the clock), and a scheduled tick no earlier than it.
     _last_now: datetime | None = None
+    #: The topology this replica last wrote to the ``topology`` switch (None: not yet).
+    _topology_written: dict[str, dict[str, str]] | None = None
     _woken_at: datetime | None = None
     _backoff: Backoff = field(default_factory=Backoff)
     #: The rules' coverage (rule → nodes exporting its input metrics), when it was observed, and
@@ -318,7 +322,9 @@ class Controller:
                     coverage=self._observe_coverage(ruleset, now),
                     node_labels=self._node_labels(ruleset),
                     validator=self.validator,
+                    topology=(topology := self._topology()),
                 )
+                self._remember_topology(topology, now)
                 self._count(result)
                 if self.gpu_isolation is not None:
                     self.gpu_isolation.run(detection.findings, ruleset, now, fence=self.fence())
@@ -381,6 +387,10 @@ class Controller:
                 continue
             outcome = "refused" if o.refused else "failed" if o.error else "succeeded"
             self.metrics.count_action(o.step, outcome)
+        self.metrics.set_domains(
+            self.settings.topology.kinds(),
+            {node: (f.kind, f.id) for node, f in result.domains.facts.items()},
+        )
 
     def _observe_coverage(self, ruleset: RuleSet, now: datetime) -> dict[str, frozenset[str]]:
         """The rules' coverage, observed again every ``safety.coverage_refresh_seconds`` or when
@@ -437,6 +447,35 @@ class Controller:
             )
         else:
             log.info("blind spots: none")
+
+    def _remember_topology(self, topology: dict[str, dict[str, str]] | None, now: datetime) -> None:
+        """Write the ``topology`` switch (kind → domain → nodes) when it changed since this
+        replica last wrote it (the dashboard's topology page reads it)."""
+        if topology is None or topology == self._topology_written:
+            return
+        value: dict[str, dict[str, list[str]]] = {}
+        for node, of in sorted(topology.items()):
+            for kind, name in of.items():
+                value.setdefault(kind, {}).setdefault(name, []).append(node)
+        with transaction(self.session_factory) as session:
+            self.fence().check_db(session)
+            repo.set_switch(session, repo.SWITCH_TOPOLOGY, {"domains": value}, now=now, by=self.identity)
+        self._topology_written = topology
+
+    def _topology(self) -> dict[str, dict[str, str]] | None:
+        """node → {kind: domain} from the nodes' labels and the topology file (None: correlation
+        off, or the labels cannot be listed now)."""
+        if not self.settings.topology.kinds():
+            return None
+        try:
+            labels = self.node_labels()
+        except HealerError as exc:
+            log.warning("cannot list node labels (no domain correlation this tick): %s", exc)
+            return None
+        if labels is None:
+            return None
+        topology = domains.topology_of(labels, self.settings.topology, self.topology_file)
+        return {node: dict(of) for node, of in topology.items()}
 
     def _node_labels(self, ruleset: RuleSet) -> dict[str, dict[str, str]] | None:
         """Every node's labels when a rule names its pool by them, else None (no list call)."""

@@ -101,6 +101,8 @@ class Report:
     breaker_trips: list[tuple[datetime, str]]
     #: Rules whose query failed for part (or all) of the window: the report undercounts them.
     failures: list[QueryFailure] = field(default_factory=list)
+    #: Storms that would have become one domain incident (docs/topology.md): when, and what.
+    domain_incidents: list[tuple[datetime, str]] = field(default_factory=list)
 
     def rule(self, name: str) -> RuleSummary | None:
         return next((r for r in self.rules if r.rule == name), None)
@@ -137,9 +139,13 @@ def summarize(
     rows: dict[tuple[str, str], NodeRow] = {}
     summaries = {name: RuleSummary(name) for name in rules}
     trips: list[tuple[datetime, str]] = []
+    domains: list[tuple[datetime, str]] = []
     for event in result.events:
         if event.kind == EventKind.BREAKER_TRIP:
             trips.append((event.at, event.detail))
+            continue
+        if event.kind == EventKind.DOMAIN_INCIDENT:
+            domains.append((event.at, event.detail))
             continue
         name = _NODE_FIELDS.get(event.kind)
         if name is None or event.rule is None:
@@ -177,6 +183,7 @@ def summarize(
         nodes=sorted(rows.values(), key=lambda r: (r.node, r.rule)),
         periods=sorted(periods, key=lambda p: (p.node, p.start)),
         breaker_trips=trips,
+        domain_incidents=domains,
     )
 
 
@@ -253,6 +260,7 @@ def report_dict(report: Report) -> dict[str, Any]:
                 "why": first.why,
             }
     body["breaker_trips"] = [{"at": at, "reason": why} for at, why in report.breaker_trips]
+    body["domain_incidents"] = [{"at": at, "domain": what} for at, what in report.domain_incidents]
     return dict(_plain(body))
 
 

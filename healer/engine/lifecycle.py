@@ -242,6 +242,24 @@ class IncidentFacts:
     validation: dict[str, object] | None = None
     # An operator's release not acted on yet: {"actor", "reason", "at"} (``healer node release``).
     release_requested: dict[str, object] | None = None
+    # The domain incident this incident is part of (healer.engine.correlation), if any.
+    domain_id: int | None = None
+
+
+@dataclass(frozen=True)
+class DomainFacts:
+    """The domain incident (:mod:`healer.engine.correlation`) that absorbs the node: its id, kind
+    and name, its ticket's status (None: none requested yet) and the taint its nodes get."""
+
+    id: int
+    kind: str
+    name: str
+    ticket: TicketStatus | None = None
+    taint_effect: TaintEffect = "NoSchedule"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name} (domain incident {self.id})"
 
 
 @dataclass(frozen=True)
@@ -279,6 +297,8 @@ class NodeFacts:
     taint_missing: bool = False
     #: The node carries the opt-out label now.
     opted_out: bool = False
+    #: The domain incident absorbing the node (None: the node's findings are its own fault).
+    domain: DomainFacts | None = None
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -568,7 +588,18 @@ def _ticket_effects(rule: Rule | None) -> tuple[Effect, ...]:
 
 def _after_hold(facts: NodeFacts, ctx: Context, rule: Rule | None, *, reason: str, row: str) -> Step:
     """Quarantined (or drained) → awaiting_repair, asking for a ticket when the rule says so, or
-    starting the rule's remediation ladder."""
+    starting the rule's remediation ladder; a domain's node waits for the domain's ticket."""
+    if facts.domain is not None and _domain_active(facts):
+        return Step(
+            kind=StepKind.RECORD,
+            to=NodeState.AWAITING_REPAIR,
+            reason=(
+                f"{reason}; part of {facts.domain.label}: no ticket of its own, "
+                "waiting for the domain's repair"
+            ),
+            already_out=True,
+            row=row,
+        )
     if rule is not None and ladders.has_ladder(rule):
         started = _start_ladder(facts, ctx, rule, reason=reason, row=row)
         if started is not None:
@@ -1035,7 +1066,7 @@ def _drain_blocked(f: NodeFacts, c: Context) -> Step:
         reason = f"drain blocked past its deadline: pods {pods}; PodDisruptionBudgets {budgets}"
     # Escalate: the rule's ticket goes out now, naming the pods and budgets (the ticket's payload
     # reads them from the drain's record), so a blocked drain never strands the node unseen.
-    tickets = _ticket_effects(c.rule(f.incident.rule if f.incident else None))
+    tickets = () if _domain_active(f) else _ticket_effects(c.rule(f.incident.rule if f.incident else None))
     return Step(
         StepKind.TICKET if tickets else StepKind.RECORD,
         NodeState.BLOCKED,
@@ -1094,7 +1125,7 @@ def _no_ticket_and_clear(f: NodeFacts, c: Context) -> bool:
     """The incident asked no provider for a repair (a quarantine-only rule) and its findings are
     clear: healer's own hold is the only thing keeping the node out of service."""
     inc = f.incident
-    return inc is not None and inc.ticket is None and _clear(f, c)
+    return inc is not None and inc.ticket is None and not _domain_active(f) and _clear(f, c)
 
 
 def _validate_without_repair(f: NodeFacts, c: Context) -> Step:
@@ -1194,6 +1225,83 @@ def _stale_release(f: NodeFacts, c: Context) -> Step:
     )
 
 
+def _domain_active(f: NodeFacts) -> bool:
+    """The node is absorbed by a domain incident whose repair is still awaited (once its ticket is
+    resolved, a node that is bad again is a fault of its own)."""
+    return f.domain is not None and f.domain.ticket != TicketStatus.RESOLVED
+
+
+def _domain_evidence(domain: DomainFacts) -> dict[str, object]:
+    return {"id": domain.id, "kind": domain.kind, "name": domain.name}
+
+
+def _in_domain(f: NodeFacts, c: Context) -> bool:
+    return _domain_active(f) and bool(remediating(f, c)) and f.view is not None
+
+
+def _domain_taint(f: NodeFacts, c: Context) -> Step | None:
+    """A domain's node: healer's taint (not a cordon: its jobs are not drained wholesale for a
+    switch or rack fault), the condition and an Event naming the domain incident."""
+    domain, view = f.domain, f.view
+    assert domain is not None and view is not None
+    found = remediating(f, c)
+    finding = found[0]
+    message = f"part of {domain.label}: {_message(finding)}"
+    return Step(
+        kind=StepKind.QUARANTINE,
+        to=NodeState.QUARANTINED,
+        reason=f"tainted (not cordoned): {message}: {_finding_story(finding, c)}",
+        effects=(
+            Taint(value=f"domain-{domain.kind}", effect=domain.taint_effect),
+            SetCondition(healthy=False, reason="DomainFault", message=message),
+            Event("HealerDomainFault", f"tainted by healer: {message}"),
+        ),
+        evidence={**(_evidence(found) or {}), "domain": _domain_evidence(domain)},
+        memory=Memory(rule=finding.rule, cordoned_by_healer=False, expect_unschedulable=view.unschedulable),
+        row="domain taint",
+    )
+
+
+def _domain_waits(f: NodeFacts, c: Context) -> Step:
+    assert f.domain is not None
+    return Step(
+        StepKind.RECORD,
+        NodeState.AWAITING_REPAIR,
+        f"part of {f.domain.label}: no ticket of its own, waiting for the domain's repair",
+        already_out=True,
+        row="domain waits",
+    )
+
+
+def _domain_repaired(f: NodeFacts, c: Context) -> bool:
+    """The domain's ticket is resolved and this incident is the domain's (a node's own incident,
+    opened after the domain's repair, waits for its own)."""
+    return (
+        f.domain is not None
+        and f.domain.ticket == TicketStatus.RESOLVED
+        and f.incident is not None
+        and f.incident.domain_id == f.domain.id
+    )
+
+
+def _domain_repair_done(f: NodeFacts, c: Context) -> Step:
+    assert f.domain is not None
+    return Step(
+        StepKind.RECORD,
+        NodeState.REPAIRED,
+        f"{f.domain.label} repaired: its ticket is resolved",
+        evidence={"domain": _domain_evidence(f.domain)},
+        already_out=True,
+        row="domain repaired",
+    )
+
+
+#: States of a held domain node that the domain's repair moves on to ``repaired``.
+_DOMAIN_HELD = frozenset(
+    {NodeState.QUARANTINED, NodeState.DRAINING, NodeState.AWAITING_REPAIR, NodeState.BLOCKED}
+)
+
+
 def _blocked_before_touching(f: NodeFacts, c: Context) -> bool:
     return f.incident is None or f.incident.blocked_step != "drain"
 
@@ -1203,6 +1311,7 @@ TABLE: tuple[Row, ...] = (
     Row("human took over", HELD, lambda f, c: _human_took_over(f), _released),
     Row("operator release", RELEASABLE, _release_requested, _operator_release),
     Row("release request dropped", ANY - RELEASABLE, _release_requested, _stale_release),
+    Row("domain repaired", _DOMAIN_HELD, _domain_repaired, _domain_repair_done),
     Row(
         "data back",
         _s(NodeState.UNKNOWN),
@@ -1242,8 +1351,10 @@ TABLE: tuple[Row, ...] = (
             row="cleared before action",
         ),
     ),
+    Row("domain taint", _s(NodeState.SUSPECT), _in_domain, _domain_taint),
     Row("quarantine", _s(NodeState.SUSPECT), lambda f, c: bool(remediating(f, c)), _quarantine_from_suspect),
     Row("ticket only", _s(NodeState.SUSPECT), lambda f, c: True, _ticket_only),
+    Row("domain waits", _s(NodeState.QUARANTINED), lambda f, c: _domain_active(f), _domain_waits),
     Row("drain or wait", _s(NodeState.QUARANTINED), lambda f, c: True, _drain_or_wait),
     Row("drained", _s(NodeState.DRAINING), lambda f, c: f.drain is not None and f.drain.done, _drained),
     Row(
@@ -1327,6 +1438,12 @@ TABLE: tuple[Row, ...] = (
             close_incident="cleared while blocked",
             row="cleared while blocked",
         ),
+    ),
+    Row(
+        "domain taint",
+        _s(NodeState.BLOCKED),
+        lambda f, c: _blocked_before_touching(f, c) and _in_domain(f, c),
+        _domain_taint,
     ),
     Row(
         "retry quarantine",

@@ -17,6 +17,10 @@ What the replay has to assume, because history does not say it:
 - a ticket is resolved :attr:`ReplaySettings.repair_after_seconds` after it was requested (None:
   never within the window, the node stays out until the end);
 - a tripped circuit breaker stays tripped: nobody presses reset during a backtest;
+- with a topology (:attr:`ReplaySettings.topology`, the thresholds of ``topology`` in the
+  settings), findings on k of n nodes of one domain become one domain incident
+  (:mod:`healer.engine.correlation`) whose one ticket is requested when it opens and resolved
+  :attr:`ReplaySettings.repair_after_seconds` later, as the controller does;
 - a rule is evaluated at a tick when the caller gives its result (one missing is frozen for the
   tick): ``healer.backtesting`` evaluates each rule group at its own interval by default, every
   rule at every tick with an explicit step.
@@ -32,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from healer.engine import correlation, safety
 from healer.engine import lifecycle as lc
-from healer.engine import safety
 from healer.engine.evaluation import ChangeKind, EvaluationState, QueryResult, evaluate, node_of
 from healer.engine.fleet import order, turned_bad
 from healer.errors import SourceError
@@ -64,6 +68,7 @@ class EventKind(StrEnum):
     BREAKER_TRIP = "breaker_trip"
     RETURNED = "returned"  # handed back to service after validation
     CLEARED = "cleared"  # findings cleared before any action (or while blocked)
+    DOMAIN_INCIDENT = "domain_incident"  # k of n nodes of one domain: one incident, one ticket
 
 
 #: Event kinds that are healer's steps on a node (what ``exp_steps`` and reports count).
@@ -95,6 +100,11 @@ class ReplaySettings:
     recovery_hold_seconds: float = lc.DEFAULT_RECOVERY_HOLD_SECONDS
     fleet_size: int | None = None
     repair_after_seconds: float | None = None
+    #: node → {kind: domain} and kind → threshold (:mod:`healer.engine.correlation`); empty: no
+    #: correlation. ``kind_order``: the kinds, most specific first.
+    topology: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    thresholds: Mapping[str, correlation.Threshold] = field(default_factory=dict)
+    kind_order: tuple[str, ...] = ()
 
 
 @dataclass
@@ -109,6 +119,18 @@ class _Node:
     ticket_at: datetime | None = None
     out_since: datetime | None = None
     out_rule: str | None = None
+
+
+@dataclass
+class _Domain:
+    """A domain incident as the replay tracks it: its id, members, first bad node seen, and its
+    one ticket's status and request time."""
+
+    id: int
+    members: set[str]
+    first_seen: datetime
+    ticket: TicketStatus = TicketStatus.SENT
+    ticket_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,8 @@ class Replay:
         self._end: datetime | None = None
         self._ticks = 0
         self._unresolved: dict[str, UnresolvedTally] = {}
+        self._domains: dict[correlation.DomainKey, _Domain] = {}
+        self._next_domain = 1
 
     # -- public --
 
@@ -250,7 +274,7 @@ class Replay:
         state = safety.SafetyState(settings=self.settings.limits, now=at)
         for name in sorted(n for n, node in self._nodes.items() if node.state == NodeState.DRAINING):
             node = self._nodes[name]
-            facts = self._facts(name, node, None, drain=DrainReport(done=True))
+            facts = self._facts(name, node, None, drain=DrainReport(done=True), domains=self._linked())
             step = lc.decide(facts, ctx)
             if step is not None:
                 self._take(at, name, node, step, state, facts)
@@ -259,6 +283,9 @@ class Replay:
         after = self.settings.repair_after_seconds
         if after is None:
             return
+        for domain in self._domains.values():
+            if domain.ticket_at is not None and at - domain.ticket_at >= timedelta(seconds=after):
+                domain.ticket = TicketStatus.RESOLVED
         for node in self._nodes.values():
             inc = node.incident
             if (
@@ -274,8 +301,11 @@ class Replay:
         names = set(findings.firing) | set(findings.pending) | set(findings.unknown)
         names |= {n for n, node in self._nodes.items() if node.state != NodeState.HEALTHY}
         fleet = self.settings.fleet_size or len(self._seen)
+        domains = self._correlate(at, findings)
+        names |= set(domains)
+        keys = {n: f"domain-{d.id}" for n, d in domains.items() if d.ticket != TicketStatus.RESOLVED}
         verdict = safety.breaker(
-            turned_bad=turned_bad(findings, self.ruleset),
+            turned_bad=correlation.collapse(turned_bad(findings, self.ruleset), keys),
             fleet_size=fleet,
             settings=self.settings.limits,
             now=at,
@@ -283,26 +313,29 @@ class Replay:
         if verdict.trip and not self._tripped:
             self._tripped = True
             self._emit(at, "", EventKind.BREAKER_TRIP, None, verdict.reason)
-        out = sum(
-            1
-            for n in self._nodes.values()
+        out_nodes = frozenset(
+            name
+            for name, n in self._nodes.items()
             if n.state in OUT_OF_SERVICE
             or (
                 n.state == NodeState.BLOCKED and n.incident is not None and n.incident.blocked_step == "drain"
             )
         )
+        out = len({keys.get(n, n) for n in out_nodes})  # a domain's nodes count once
         state = safety.SafetyState(
             settings=self.settings.limits,
             now=at,
             breaker_tripped=self._tripped,
             pools={POOL: safety.PoolUsage(size=max(fleet, 1), out=out)},
+            out_nodes=out_nodes,
+            domains=keys,
         )
         states = {n: str(self._nodes[n].state) for n in names if n in self._nodes}
         ctx = self._ctx(at)
         for name in order(names, findings, states):
             node = self._nodes.setdefault(name, _Node())
             for i in range(MAX_STEPS):
-                facts = self._facts(name, node, findings)
+                facts = self._facts(name, node, findings, domains=domains)
                 if i == 0:
                     for notice in lc.notices(facts, ctx):
                         node.notified.update(
@@ -324,6 +357,66 @@ class Replay:
                     )
                 ):
                     break
+        self._close_domains()
+
+    def _correlate(self, at: datetime, findings: TickFindings) -> dict[str, lc.DomainFacts]:
+        """Open the new domain incidents (one ticket each, at once) and add the nodes that joined
+        open ones; returns node → its domain's facts."""
+        if not self.settings.topology and not self._domains:
+            return {}
+        result = correlation.correlate(
+            findings=correlation.bad_findings(findings, self.ruleset),
+            topology=self.settings.topology,
+            thresholds=self.settings.thresholds,
+            now=at,
+            already_open=[
+                correlation.OpenDomain(k, frozenset(d.members), d.first_seen)
+                for k, d in self._domains.items()
+            ],
+            kind_order=self.settings.kind_order,
+        )
+        out: dict[str, lc.DomainFacts] = {}
+        for fault in result.faults:
+            domain = self._domains.get(fault.key)
+            if domain is None:
+                domain = self._domains[fault.key] = _Domain(
+                    self._next_domain, set(fault.nodes), fault.first_seen, ticket_at=at
+                )
+                self._next_domain += 1
+                self._emit(
+                    at,
+                    "",
+                    EventKind.DOMAIN_INCIDENT,
+                    None,
+                    f"{fault.key.kind} {fault.key.name}: {len(fault.nodes)} of {fault.size} node(s) "
+                    f"({', '.join(fault.nodes)}): one domain incident, one ticket",
+                )
+            domain.members |= set(fault.nodes)
+            facts = lc.DomainFacts(domain.id, fault.key.kind, fault.key.name, ticket=domain.ticket)
+            for name in fault.nodes:
+                out[name] = facts
+                node = self._nodes.setdefault(name, _Node())
+                inc = node.incident
+                if inc is not None and inc.domain_id is None and domain.ticket != TicketStatus.RESOLVED:
+                    node.incident = replace(inc, domain_id=domain.id)
+        return out
+
+    def _linked(self) -> dict[str, lc.DomainFacts]:
+        """node → the open domain incident its incident is linked to (the drain pass's facts)."""
+        by_id = {d.id: (k, d) for k, d in self._domains.items()}
+        out: dict[str, lc.DomainFacts] = {}
+        for name, node in self._nodes.items():
+            inc = node.incident
+            if inc is not None and inc.domain_id in by_id:
+                key, d = by_id[inc.domain_id]
+                out[name] = lc.DomainFacts(d.id, key.kind, key.name, ticket=d.ticket)
+        return out
+
+    def _close_domains(self) -> None:
+        """A domain incident with no member incident linked to it any more is over."""
+        linked = {n.incident.domain_id for n in self._nodes.values() if n.incident is not None}
+        for key in [k for k, d in self._domains.items() if d.id not in linked]:
+            del self._domains[key]
 
     # -- one step --
 
@@ -337,11 +430,13 @@ class Replay:
         facts: lc.NodeFacts,
     ) -> tuple[bool, safety.SafetyState]:
         """Judge ``step`` and apply it to the in-memory node; returns (applied, safety state)."""
+        domain = facts.domain
         request = safety.Request(
             node=name,
             kind=step.kind,
             pool=POOL,
             already_out=step.already_out or node.state in OUT_OF_SERVICE,
+            domain=f"domain-{domain.id}" if domain and domain.ticket != TicketStatus.RESOLVED else "",
         )
         decision, state = safety.judge(request, state)
         rule = _step_rule(step, facts, node)
@@ -409,9 +504,19 @@ class Replay:
         )
 
     def _facts(
-        self, name: str, node: _Node, findings: TickFindings | None, *, drain: DrainReport | None = None
+        self,
+        name: str,
+        node: _Node,
+        findings: TickFindings | None,
+        *,
+        drain: DrainReport | None = None,
+        domains: Mapping[str, lc.DomainFacts] | None = None,
     ) -> lc.NodeFacts:
         f = findings
+        domain = (domains or {}).get(name)
+        inc = node.incident
+        if domain and inc is not None and inc.domain_id is None and domain.ticket != TicketStatus.RESOLVED:
+            node.incident = replace(inc, domain_id=domain.id)
         return lc.NodeFacts(
             name=name,
             state=node.state,
@@ -425,6 +530,7 @@ class Replay:
             drain=drain,
             notified=frozenset(node.notified),
             owned=node.owned,
+            domain=domain,
         )
 
     def _emit(self, at: datetime, node: str, kind: EventKind, rule: str | None, detail: str) -> None:

@@ -81,6 +81,8 @@ class Request:
     burst_rule: str = ""
     already_out: bool = False  # the node already counts against its pool (no new budget slot)
     pools: tuple[str, ...] = ()  # the rule pools the step counts against; empty = (pool,)
+    #: The domain incident absorbing the node ("" when none): a domain counts once in the budget.
+    domain: str = ""
 
     @property
     def counted_in(self) -> tuple[str, ...]:
@@ -135,13 +137,21 @@ class SafetyState:
     pools: Mapping[str, PoolUsage] = field(default_factory=dict)
     members: Mapping[str, frozenset[str]] = field(default_factory=dict)
     out_nodes: frozenset[str] = frozenset()
+    #: node → the domain incident absorbing it: the out nodes of one domain count as one.
+    domains: Mapping[str, str] = field(default_factory=dict)
 
     def usage(self, pool: str) -> PoolUsage:
-        """The pool's size and how many of its nodes are out (counted from ``members`` if known)."""
+        """The pool's size and how many of its nodes are out (counted from ``members`` if known;
+        the nodes of one domain incident count once)."""
         if pool in self.members:
             nodes = self.members[pool]
-            return PoolUsage(size=len(nodes), out=len(nodes & self.out_nodes))
+            out = {self.domains.get(n, n) for n in nodes & self.out_nodes}
+            return PoolUsage(size=len(nodes), out=len(out))
         return self.pools.get(pool, PoolUsage(size=0))
+
+    def domain_out(self, domain: str) -> bool:
+        """Whether a node of ``domain`` is out already (its slot is taken: the next ones are free)."""
+        return bool(domain) and any(self.domains.get(n) == domain for n in self.out_nodes)
 
 
 def in_window(window: MaintenanceWindow, now: datetime) -> bool:
@@ -253,6 +263,8 @@ CHECKS: tuple[Check, ...] = (
 def judge(req: Request, state: SafetyState) -> tuple[Decision, SafetyState]:
     """Approve or refuse ``req``; returns the decision and the state with an approved new
     quarantine counted against its pool (in-flight counting within the tick)."""
+    if req.domain and state.domain_out(req.domain):
+        req = replace(req, already_out=True)  # the domain holds its one slot already
     for check in CHECKS:
         if req.kind not in check.kinds or (check.new_quarantine_only and req.already_out):
             continue
@@ -265,7 +277,8 @@ def judge(req: Request, state: SafetyState) -> tuple[Decision, SafetyState]:
             if pool not in state.members:
                 usage = state.usage(pool)
                 counts[pool] = replace(usage, out=usage.out + 1)
-        state = replace(state, pools=counts, out_nodes=state.out_nodes | {req.node})
+        domains = {**state.domains, req.node: req.domain} if req.domain else state.domains
+        state = replace(state, pools=counts, out_nodes=state.out_nodes | {req.node}, domains=domains)
     return Decision(True, message="approved"), state
 
 

@@ -145,6 +145,10 @@ class Incident(Base):
     # An operator's release waiting for the controller: {"actor", "reason", "at"}; written by
     # healer.operations (the input), cleared by the controller's step that acts on it.
     release_requested: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: The domain incident this node's incident is part of (healer.engine.correlation), if any.
+    domain_incident_id: Mapped[int | None] = mapped_column(
+        ForeignKey("domain_incidents.id", ondelete="SET NULL"), index=True, default=None
+    )
 
     __table_args__ = (
         Index(
@@ -155,6 +159,31 @@ class Incident(Base):
             postgresql_where=text("closed_at IS NULL"),
         ),
     )
+
+
+class DomainIncident(Base):
+    """One domain fault (:mod:`healer.engine.correlation`): k of n nodes of a rack, switch or NVLink
+    domain bad together. Its member nodes' incidents point at it; its one ticket goes to the
+    kind's provider. Closed once its ticket is resolved and every member is back (or gone).
+    """
+
+    __tablename__ = "domain_incidents"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(253))
+    size: Mapped[int] = mapped_column(Integer)  # nodes in the domain when it opened
+    first_seen: Mapped[datetime]  # the first member's bad episode started
+    opened_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None]
+    close_reason: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    #: The member nodes, sorted, and when each joined: [{"node", "joined_at", "first_seen"}].
+    members: Mapped[list[Any]]
+    #: The thresholds it was opened under: {"min_nodes", "min_percent", "window_seconds", "needed"}.
+    evidence: Mapped[dict[str, Any] | None]
+
+    __table_args__ = (Index("ix_domain_incidents_kind_name_closed_at", "kind", "name", "closed_at"),)
 
 
 class Finding(Base):
@@ -296,6 +325,11 @@ class Ticket(Base):
     findings: Mapped[list[Any] | None]
     template: Mapped[str | None] = mapped_column(String(500))
     escalation: Mapped[dict[str, Any] | None]
+    #: A domain's ticket (one per domain incident): ``incident_id``/``node_id`` name its first
+    #: member's incident and node (the anchor), the payload the domain and all its members.
+    domain_incident_id: Mapped[int | None] = mapped_column(
+        ForeignKey("domain_incidents.id", ondelete="SET NULL"), index=True, default=None
+    )
 
     __table_args__ = (Index("ix_tickets_status_created_at", "status", "created_at"),)
 

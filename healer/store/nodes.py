@@ -30,6 +30,9 @@ SWITCH_POOLS = "pools"
 SWITCH_RULESET = "ruleset"  # {"loaded_at": iso, "sources": [...], "rejected": [{"error": str, "at": iso}]}
 #: The last observation of the rules' blind spots (:meth:`healer.model.blind_spots.BlindReport.as_switch`).
 SWITCH_BLIND_SPOTS = "blind_spots"
+#: The fleet's topology as the leader last read it, for the dashboard's topology page:
+#: {"domains": {kind: {domain: [node, ...]}}} (healer.topology; written on a change).
+SWITCH_TOPOLOGY = "topology"
 
 
 # The per-node statements of a reconcile step, built once (building a statement's expression costs

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from healer.model.findings import Finding
 from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.store import nodes as repo
-from healer.store.models import Incident, Node, OutboxMessage, Ticket
+from healer.store.models import DomainIncident, Incident, Node, OutboxMessage, Ticket
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,11 @@ ACTOR = "healer"
 def ticket_key(incident_id: int, provider: str) -> str:
     """The ticket's key in the database: ``incident-<id>-<provider>``."""
     return f"incident-{incident_id}-{provider}"
+
+
+def domain_ticket_key(domain_incident_id: int, provider: str) -> str:
+    """A domain ticket's key in the database: ``domain-<id>-<provider>``."""
+    return f"domain-{domain_incident_id}-{provider}"
 
 
 def wire_key(cluster: str, key: str) -> str:
@@ -144,6 +149,27 @@ def request_ticket(
         return ticket
 
     key = ticket_key(incident.id, provider)
+    ticket = _new_ticket(session, incident, node, provider, key, records, template, now=now)
+    log.info("ticket %s requested from %s for node %s", key, provider, node.name)
+    return ticket
+
+
+def _new_ticket(
+    session: Session,
+    incident: Incident,
+    node: Node,
+    provider: str,
+    key: str,
+    findings: list[dict[str, Any]],
+    template: str | None,
+    *,
+    now: datetime,
+    audit: dict[str, Any] | None = None,
+    **columns: Any,
+) -> Ticket:
+    """A ``pending`` ticket (created ``now``, with more ``columns``), its outbox message, due at
+    ``now``, and its ``ticket`` audit row: on the node and incident, or with ``audit`` added to its
+    detail and on neither (a domain's ticket)."""
     ticket = Ticket(
         incident_id=incident.id,
         node_id=node.id,
@@ -153,16 +179,17 @@ def request_ticket(
         escalated=False,
         created_at=now,
         updated_at=now,
-        findings=records,
+        findings=findings,
         template=template,
+        **columns,
     )
     session.add(ticket)
     session.flush()
     session.add(
         OutboxMessage(
             ticket_id=ticket.id,
-            provider=provider,
-            idempotency_key=key,
+            provider=ticket.provider,
+            idempotency_key=ticket.idempotency_key,
             body="",
             status=OutboxStatus.PENDING,
             attempts=0,
@@ -176,10 +203,54 @@ def request_ticket(
         status=ActionStatus.PENDING,
         actor=ACTOR,
         now=now,
-        node=node,
-        incident=incident,
+        node=None if audit else node,
+        incident=None if audit else incident,
         target=provider,
-        detail={"ticket_id": ticket.id, "key": key, "rules": sorted({r["rule"] for r in records})},
+        detail={
+            "ticket_id": ticket.id,
+            "key": key,
+            **(audit or {}),
+            "rules": sorted({r["rule"] for r in findings}),
+        },
     )
-    log.info("ticket %s requested from %s for node %s", key, provider, node.name)
+    return ticket
+
+
+def request_domain_ticket(
+    session: Session,
+    *,
+    domain: DomainIncident,
+    anchor: Incident,
+    node: Node,
+    provider: str,
+    template: str | None,
+    findings: list[Finding],
+    now: datetime,
+) -> Ticket:
+    """Ask ``provider`` (the domain kind's queue: a switch or rack team) to repair ``domain``, once
+    per (domain incident, provider). Never commits; call it in the transaction that links the
+    domain's members. ``anchor`` and ``node`` are a member's open incident and node (the ticket
+    row's incident and node; the payload names the domain and every member).
+    """
+    key = domain_ticket_key(domain.id, provider)
+    found = session.scalar(select(Ticket).where(Ticket.idempotency_key == key))
+    if found is not None:
+        return found
+    records = [finding_record(f) for f in findings]
+    ticket = _new_ticket(
+        session,
+        anchor,
+        node,
+        provider,
+        key,
+        records,
+        template,
+        now=now,
+        # A domain's repair is not a node's repeat: no repeat-offender escalation.
+        escalation={"escalated": False, "window_days": 0, "reason": "", "previous": []},
+        domain_incident_id=domain.id,
+        # the audit row names the domain, not its first member (whose own history it is not)
+        audit={"domain": {"id": domain.id, "kind": domain.kind, "name": domain.name}},
+    )
+    log.info("ticket %s requested from %s for %s %s", key, provider, domain.kind, domain.name)
     return ticket

@@ -28,6 +28,9 @@ The context (payload version :data:`~healer.tickets.templates.PAYLOAD_VERSION`):
     escalated         bool
     escalation        {"escalated", "window_days", "reason", "previous": [{"kind": "node"|"gpu",
                        "gpu", "incident_id", "node", "closed_at", "close_reason"}]}
+    domain            null, or for a domain's ticket (docs/topology.md): {"id", "kind", "name",
+                      "size", "nodes": [member node names], "first_seen", "opened_at", "url"};
+                      ``node`` and ``incident`` are then its first member's
 
 Everything in it is JSON-safe; label values are untrusted text (templates use ``tojson``).
 """
@@ -43,7 +46,7 @@ from sqlalchemy.orm import Session
 from healer.engine.labels import gpu_index
 from healer.model.repair import decode_bundle
 from healer.model.states import ActionStatus
-from healer.store.models import Action, Gpu, Incident, Node, Ticket, Transition
+from healer.store.models import Action, DomainIncident, Gpu, Incident, Node, Ticket, Transition
 from healer.store.models import Finding as FindingRow
 from healer.tickets.templates import PAYLOAD_VERSION
 
@@ -245,6 +248,13 @@ def build_context(
     if escalation.get("escalated"):
         title = "REPEAT " + title
     lines = [f"{f['rule']}: {f['summary']}" if f.get("summary") else f["rule"] for f in findings]
+    domain = _domain(session, ticket, base)
+    if domain is not None:
+        title = (
+            f"[{cluster}] {domain['kind']} {domain['name']}: {len(domain['nodes'])} of "
+            f"{domain['size']} node(s) failing together ({', '.join(rules) or 'unhealthy'})"
+        )
+        lines.insert(0, f"nodes: {', '.join(domain['nodes'])}")
     drain = blocked_drain(session, incident)
     if drain is not None:
         lines.append(
@@ -260,7 +270,7 @@ def build_context(
         "provider": ticket.provider,
         "ticket_id": ticket.id,
         "callback_url": f"{base}/api/v1/tickets/{ticket.id}/status",
-        "dashboard_url": f"{base}/nodes/{node.name}",
+        "dashboard_url": domain["url"] if domain else f"{base}/nodes/{node.name}",
         "created_at": ticket.created_at.isoformat(),
         "title": title,
         "summary": "\n".join(lines),
@@ -283,4 +293,24 @@ def build_context(
         "log_bundle": log_bundle(session, incident),
         "escalated": bool(escalation.get("escalated")),
         "escalation": escalation,
+        "domain": domain,
+    }
+
+
+def _domain(session: Session, ticket: Ticket, base: str) -> dict[str, Any] | None:
+    """The ``domain`` of a domain's ticket (shape in the module docstring); None for a node's."""
+    if ticket.domain_incident_id is None:
+        return None
+    row = session.get(DomainIncident, ticket.domain_incident_id)
+    if row is None:
+        return None
+    return {
+        "id": row.id,
+        "kind": row.kind,
+        "name": row.name,
+        "size": row.size,
+        "nodes": sorted(str(m["node"]) for m in row.members),
+        "first_seen": row.first_seen.isoformat(),
+        "opened_at": row.opened_at.isoformat(),
+        "url": f"{base}/domains/{row.id}",
     }

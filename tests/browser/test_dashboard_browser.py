@@ -22,7 +22,7 @@ from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.sources.prometheus_range import PrometheusRange
 from healer.store import migrate
 from healer.store import nodes as repo
-from healer.store.models import Incident
+from healer.store.models import DomainIncident, Incident
 from healer.store.session import make_engine, make_sessionmaker
 from tests.integration.test_api_support import (
     EVIL_SERIAL,
@@ -281,3 +281,62 @@ def test_parts_page_flags_a_repeat_part_and_leads_to_its_node(dashboard: Dashboa
     expect(flag).to_contain_text(f"Repeat part: this node holds GPU {MOVED_GPU} (serial {EVIL_SERIAL})")
     expect(flag.get_by_role("link", name="gpu-node-a1")).to_be_visible()
     assert page.locator("b", has_text="sn-1650").count() == 0
+
+
+def seed_domain(sessions: sessionmaker[Session], *, now: datetime) -> int:
+    """leaf-a's 4 nodes (NODE among them) under one open domain incident, leaf-b healthy; returns
+    the incident's id."""
+    leaf_a = [NODE, "gpu-node-a2", "gpu-node-a3", "gpu-node-a4"]
+    with sessions() as s, s.begin():
+        for name in [*leaf_a[1:], "gpu-node-b1"]:
+            node = repo.get_or_create_node(s, name, now=now)
+            node.state = NodeState.AWAITING_REPAIR if name in leaf_a else NodeState.HEALTHY
+        repo.set_switch(
+            s,
+            repo.SWITCH_TOPOLOGY,
+            {"domains": {"ib_leaf": {"leaf-a": leaf_a, "leaf-b": ["gpu-node-b1"]}}},
+            now=now,
+            by="healer",
+        )
+        row = DomainIncident(
+            kind="ib_leaf",
+            name="leaf-a",
+            size=4,
+            first_seen=now - timedelta(minutes=3),
+            opened_at=now - timedelta(minutes=2),
+            summary="4 of 4 node(s) of ib_leaf leaf-a turned bad within 300 s",
+            members=[{"node": n, "joined_at": now.isoformat()} for n in leaf_a],
+            evidence={"min_nodes": 3, "min_percent": 10, "window_seconds": 300, "needed": 3, "rules": []},
+        )
+        s.add(row)
+        s.flush()
+        member = repo.get_or_create_node(s, "gpu-node-a2", now=now)
+        linked = repo.new_incident(s, member, now=now, summary="GPU 1 link down")
+        linked.domain_incident_id = row.id
+        return row.id
+
+
+def test_topology_grid_leads_to_the_domain_incident_and_its_nodes(dashboard: Dashboard, page: Page) -> None:
+    """The Topology page (from the nav) colours leaf-a red with its open incident, leaf-b green;
+    the incident's page lists its four member nodes, each a link to the node."""
+    incident = seed_domain(dashboard.sessions, now=datetime.now(UTC))
+    page.goto(dashboard.url)
+    page.get_by_role("navigation").get_by_role("link", name="Topology").click()
+    expect(page.get_by_role("heading", name="Topology", exact=True)).to_be_visible()
+    leaf_a = page.locator('[data-kind="ib_leaf"] [data-domain="leaf-a"]')
+    expect(leaf_a).to_have_attribute("data-health", "bad")
+    expect(leaf_a.locator(".cell-bad")).to_have_count(4)
+    expect(page.locator('[data-domain="leaf-b"]')).to_have_attribute("data-health", "ok")
+    expect(page.get_by_test_id("domain-incidents")).to_contain_text("4 of 4")
+
+    leaf_a.get_by_role("link", name=f"incident {incident}").click()
+    expect(page.get_by_role("heading", name=f"Domain incident {incident}: ib_leaf leaf-a")).to_be_visible()
+    expect(page.get_by_test_id("domain-threshold")).to_contain_text("3 node(s)")
+    members = page.get_by_test_id("domain-members").locator("tbody tr")
+    expect(members).to_have_count(4)
+    page.get_by_test_id("domain-members").get_by_role("link", name="gpu-node-a2").click()
+    expect(page.get_by_test_id("node-name")).to_have_text("gpu-node-a2")
+    banner = page.get_by_test_id("node-domain")
+    expect(banner).to_contain_text("ib_leaf leaf-a, 4 of 4 node(s); no replacement ticket of its own")
+    banner.get_by_role("link", name=f"domain incident {incident}").click()
+    expect(page.get_by_role("heading", name=f"Domain incident {incident}: ib_leaf leaf-a")).to_be_visible()

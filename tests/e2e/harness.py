@@ -165,11 +165,19 @@ class World:
     # -- the cluster ----------------------------------------------------------------------------------
 
     def add_nodes(
-        self, count: int, *, pool: str, start: int = 0, gpus: int = 8, role: str = "gpu"
+        self,
+        count: int,
+        *,
+        pool: str,
+        start: int = 0,
+        gpus: int = 8,
+        role: str = "gpu",
+        labels: Mapping[str, str] | None = None,
     ) -> list[str]:
-        """KWOK nodes ``<test prefix>-<role>-NN`` labelled with pool ``pool`` (none when empty)."""
+        """KWOK nodes ``<test prefix>-<role>-NN`` labelled with pool ``pool`` (none when empty) and
+        ``labels``."""
         names = [f"{self.prefix}-{role}-{i:02d}" for i in range(start, start + count)]
-        labels = {GROUP_LABEL: self.prefix, **({POOL_LABEL: pool} if pool else {})}
+        labels = {GROUP_LABEL: self.prefix, **({POOL_LABEL: pool} if pool else {}), **(labels or {})}
         self.nodes.extend(names)
         self.kube.add_nodes(names, gpus=gpus, labels=labels)
         return names

@@ -218,6 +218,19 @@ class TestOperatorForms:
         assert client.get("/controls/pause").status_code == 403
 
 
+def test_the_topology_page_without_a_topology_says_so_and_an_unknown_domain_incident_is_404(
+    client: httpx.Client,
+) -> None:
+    page = client.get("/topology")
+    assert page.status_code == 200
+    assert "No topology: no node carries a domain label" in text_of(page)
+    assert 'href="/topology" aria-current="page"' in page.text
+    assert client.get("/api/v1/topology").json() == {"kinds": {}, "incidents": []}
+    assert client.get("/domains/999").status_code == 404
+    missing = client.get("/api/v1/domains/999")
+    assert (missing.status_code, missing.json()["error"]["message"]) == (404, "no domain incident 999")
+
+
 def test_the_burst_page_without_capacity_rules_says_so(client: httpx.Client) -> None:
     page = client.get("/burst")
     assert page.status_code == 200
