@@ -18,6 +18,7 @@ from healer.model.drain import DrainReport
 from healer.model.findings import Finding
 from healer.model.states import ActionStatus, NodeState
 from healer.store import nodes as repo
+from healer.store import outcomes
 from healer.store.models import Action, Incident, Node
 
 
@@ -65,6 +66,7 @@ class Recorder:
         if step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident or "superseded")
             session.flush()
+            outcomes.settle(session, incident, now=now)
             incident = None
         if incident is None and (step.open_incident or step.new_incident):
             incident = repo.new_incident(
@@ -127,6 +129,7 @@ class Recorder:
             )
         if step.close_incident is not None and not step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident)
+            outcomes.settle(session, incident, now=now)
             incident = None
         rows.incident = incident
 

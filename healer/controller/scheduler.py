@@ -46,7 +46,7 @@ from healer.actions.validation import Validator
 from healer.blind_spots import observe_blind_spots
 from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
-from healer.controller import ownership
+from healer.controller import ownership, shadow
 from healer.controller.backoff import Backoff
 from healer.controller.burst import BurstSync
 from healer.controller.fence import Fence, claim
@@ -57,6 +57,7 @@ from healer.controller.wake import Wakeups
 from healer.coverage import observe_coverage
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine import gpu_scope
+from healer.engine import shadow as engine_shadow
 from healer.engine.evaluation import EvaluationState
 from healer.engine.schedule import due_groups, tick_seconds
 from healer.errors import HealerError, NotLeader
@@ -294,8 +295,18 @@ class Controller:
                     self.metrics.set_unresolved(report.rule, report.unresolved)
                 if not self.is_leader():
                     return
+                # Shadow rules record what they would do and act on nothing.
+                shadow.record(
+                    findings=detection.findings,
+                    rules=ruleset,
+                    reports=detection.reports,
+                    sessions=self.session_factory,
+                    now=now,
+                    fence=self.fence(),
+                )
+                acting = engine_shadow.acting(detection.findings, ruleset)
                 # Findings contained to one GPU (rules with quarantine scope gpu) stay off the node.
-                node_findings = gpu_scope.for_nodes(detection.findings, ruleset)
+                node_findings = gpu_scope.for_nodes(acting, ruleset)
                 ownership.settle(
                     owned=self.owned,
                     confirm=self.owned_node,
@@ -321,7 +332,7 @@ class Controller:
                 )
                 self._count(result)
                 if self.gpu_isolation is not None:
-                    self.gpu_isolation.run(detection.findings, ruleset, now, fence=self.fence())
+                    self.gpu_isolation.run(acting, ruleset, now, fence=self.fence())
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
                     log.info(
