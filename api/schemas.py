@@ -6,7 +6,7 @@ Times are aware UTC ISO 8601; durations are seconds.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -398,6 +398,14 @@ class FleetStatus(BaseModel):
 
 
 class ReasonIn(BaseModel):
+    reason: str = Field("", max_length=2000)
+
+
+class OutcomeIn(BaseModel):
+    """An operator's outcome for a closed incident: ``confirmed``, ``not_confirmed``, or null to
+    go back to the one healer derives."""
+
+    outcome: Literal["confirmed", "not_confirmed"] | None
     reason: str = Field("", max_length=2000)
 
 

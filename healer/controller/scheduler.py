@@ -74,6 +74,7 @@ from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transit
 from healer.store.session import transaction
 from healer.tickets.coverage import describe, missing_providers
 from healer.tickets.delivery import deliver_due
+from healer.tickets.targets import escalate_overdue
 
 log = logging.getLogger(__name__)
 
@@ -513,6 +514,9 @@ class Controller:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
         if not self.is_leader():
             return
+        with transaction(self.session_factory) as session:
+            self.fence().check_db(session)
+            escalate_overdue(session, tickets=self.settings.tickets, now=self.clock())
         report = deliver_due(
             session_factory=self.session_factory, settings=self.settings, now=self.clock(), client=self.http
         )

@@ -295,3 +295,40 @@ def shadow_judged(
         )
         out.append((d, oc.judge_shadow(d, by_node.get(r.node_name, []), now=now)))
     return out
+
+
+#: Tickets still waiting on the provider (a missed target is still overdue).
+_OPEN_TICKETS = (
+    TicketStatus.SENT,
+    TicketStatus.ACKNOWLEDGED,
+    TicketStatus.IN_PROGRESS,
+    TicketStatus.NEEDS_INFO,
+)
+
+
+def overdue_tickets(session: Session) -> list[Ticket]:
+    """Open tickets that missed a repair target (``overdue_escalated`` names it; the outbox job
+    escalates a target the moment it is missed), oldest first."""
+    rows = session.scalars(
+        select(Ticket)
+        .where(Ticket.status.in_([str(s) for s in _OPEN_TICKETS]), Ticket.overdue_escalated.is_not(None))
+        .order_by(Ticket.id)
+    )
+    return [t for t in rows if overdue_on(t)]
+
+
+def overdue_on(ticket: Ticket) -> list[str]:
+    """The targets ``ticket`` is overdue on now: ``repair`` once missed (until resolved), ``ack``
+    once missed until it is acknowledged."""
+    missed = ticket.overdue_escalated or {}
+    return [t for t in ("ack", "repair") if t in missed and not (t == "ack" and ticket.acknowledged_at)]
+
+
+def overdue_counts(session: Session) -> dict[tuple[str, str], int]:
+    """(provider, target) → open tickets overdue on it (``ack``: not acknowledged yet;
+    ``repair``: not resolved)."""
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for t in overdue_tickets(session):
+        for target in overdue_on(t):
+            out[t.provider, target] += 1
+    return dict(out)
