@@ -144,9 +144,7 @@ def _overdue(session: Session) -> list[OverdueTicket]:
     tickets = store.overdue_tickets(session)
     names = (
         dict(
-            session.execute(select(Node.id, Node.name).where(Node.id.in_({t.node_id for t in tickets})))
-            .tuples()
-            .all()
+            session.execute(select(Node.id, Node.name).where(Node.id.in_({t.node_id for t in tickets}))).all()
         )
         if tickets
         else {}

@@ -111,6 +111,7 @@ class _Plan:
     drain: DrainPlan
     refusal: safety.Decision | None = None
     blocked: bool = False
+    gpus: int | None = None  # the node's nvidia.com/gpu capacity as read (GPU-hours of its outcome)
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,9 @@ class Reconciler:
         obs.facts = self._with_validation(obs.facts)
         wanted = lc.notices(obs.facts, self.ctx) if notices else []
         approved, state = self._judge_notices(session, obs, wanted, state)
+        view = obs.facts.view
         plan = _Plan(
+            gpus=view.gpu_capacity if view is not None else None,
             from_state=obs.node.state,
             step=lc.decide(obs.facts, self.ctx),
             notices=approved,
@@ -474,6 +477,7 @@ class Reconciler:
                 attached=run.attached,
                 clear_intent=ours,
                 moved=moved,
+                gpus=plan.gpus,
             )
 
     def _record_effects(self, run: _Run, name: str, plan: _Plan, applied: Applied) -> None:

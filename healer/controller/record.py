@@ -46,6 +46,7 @@ class Recorder:
         attached: set[int] | None = None,
         clear_intent: bool = False,
         moved: bool = False,
+        gpus: int | None = None,
     ) -> None:
         """Incident changes, memory, drain start, audit rows, tickets, transition.
 
@@ -58,6 +59,8 @@ class Recorder:
         ``clear_intent``: clear the node's ``intent`` (with the transition's UPDATE when it has one).
         ``moved``: the caller has done the compare-and-set already (:func:`healer.store.nodes.move`,
         before any other write of the record, so a stale one leaves nothing half written).
+        ``gpus``: the node's GPU capacity as read this step, for the GPU-hours of an incident it
+        closes (:func:`healer.store.outcomes.settle`).
         """
         now = self.now
         node, incident = rows.node, rows.incident
@@ -66,7 +69,7 @@ class Recorder:
         if step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident or "superseded")
             session.flush()
-            outcomes.settle(session, incident, now=now)
+            outcomes.settle(session, incident, now=now, gpus=gpus)
             incident = None
         if incident is None and (step.open_incident or step.new_incident):
             incident = repo.new_incident(
@@ -129,7 +132,7 @@ class Recorder:
             )
         if step.close_incident is not None and not step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident)
-            outcomes.settle(session, incident, now=now)
+            outcomes.settle(session, incident, now=now, gpus=gpus)
             incident = None
         rows.incident = incident
 

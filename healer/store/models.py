@@ -152,6 +152,9 @@ class Incident(Base):
     outcome_basis: Mapped[str | None] = mapped_column(String(200), default=None)
     outcome_at: Mapped[datetime | None] = mapped_column(default=None)
     outcome_by: Mapped[str | None] = mapped_column(String(200), default=None)
+    # The node's GPU count (nvidia.com/gpu capacity) as read when the incident closed, for its
+    # GPU-hours out of service; None: not read (the GPUs healer knows by UUID count instead).
+    gpus: Mapped[int | None] = mapped_column(Integer, default=None)
 
     __table_args__ = (
         Index(

@@ -81,16 +81,21 @@ def stories(session: Session, incidents: Sequence[Incident]) -> dict[int, oc.Inc
             resolutions=tuple(said.get(i.id, ())),
             validation=str(i.validation.get("status")) if i.validation else None,
             repeat_part=i.id in repeat,
-            gpus=gpus.get(i.node_id, 0),
+            gpus=i.gpus if i.gpus is not None else gpus.get(i.node_id, 0),
         )
     return out
 
 
-def settle(session: Session, incident: Incident, *, now: datetime) -> oc.Judgement | None:
+def settle(
+    session: Session, incident: Incident, *, now: datetime, gpus: int | None = None
+) -> oc.Judgement | None:
     """Derive and store the outcome of ``incident``, just closed (its transitions recorded). An
-    outcome an operator set is kept. Returns the judgement (None when the incident is open)."""
+    outcome an operator set is kept. ``gpus``: the node's GPU capacity as read now (kept for its
+    GPU-hours). Returns the judgement (None when the incident is open)."""
     if incident.closed_at is None:
         return None
+    if gpus is not None:
+        incident.gpus = gpus
     story = stories(session, [incident]).get(incident.id)
     if story is None:
         return None
@@ -268,7 +273,7 @@ def shadow_judged(
             select(Node.name, Incident)
             .join(Incident, Incident.node_id == Node.id)
             .where(Node.name.in_(names))
-        ).tuples()
+        )
     )
     told = stories(session, [i for _, i in incidents if i.outcome_by is None])
     by_node: dict[str, list[oc.NodeIncident]] = defaultdict(list)

@@ -27,6 +27,7 @@ def upgrade() -> None:
             sa.Column("outcome_at", healer.store.types.UTCDateTime(timezone=True), nullable=True)
         )
         batch_op.add_column(sa.Column("outcome_by", sa.String(length=200), nullable=True))
+        batch_op.add_column(sa.Column("gpus", sa.Integer(), nullable=True))
     with op.batch_alter_table("tickets", schema=None) as batch_op:
         batch_op.add_column(sa.Column("resolution", sa.String(length=32), nullable=True))
         batch_op.add_column(sa.Column("overdue_escalated", sa.JSON(), nullable=True))
@@ -55,6 +56,7 @@ def downgrade() -> None:
         batch_op.drop_column("overdue_escalated")
         batch_op.drop_column("resolution")
     with op.batch_alter_table("incidents", schema=None) as batch_op:
+        batch_op.drop_column("gpus")
         batch_op.drop_column("outcome_by")
         batch_op.drop_column("outcome_at")
         batch_op.drop_column("outcome_basis")
