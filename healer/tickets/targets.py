@@ -18,9 +18,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.config import ProviderSettings, TicketSettings
-from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
+from healer.model.states import ActionStatus, TicketStatus
 from healer.store import nodes as repo
-from healer.store.models import Incident, Node, OutboxMessage, Ticket
+from healer.store.models import Incident, Node, Ticket
+from healer.tickets import outbox
 
 log = logging.getLogger(__name__)
 
@@ -98,18 +99,7 @@ def escalate_overdue(session: Session, *, tickets: TicketSettings, now: datetime
                 continue
             done[miss.target] = now.isoformat()
             key = f"{ticket.idempotency_key}{OVERDUE_KEY}{miss.target}"
-            session.add(
-                OutboxMessage(
-                    ticket_id=ticket.id,
-                    provider=ticket.provider,
-                    idempotency_key=key,
-                    body="",
-                    status=OutboxStatus.PENDING,
-                    attempts=0,
-                    next_attempt_at=now,
-                    created_at=now,
-                )
-            )
+            outbox.queue(session, ticket, key=key, now=now)
             repo.record_action(
                 session,
                 kind="ticket_overdue",

@@ -185,3 +185,35 @@ def test_what_a_shadow_rule_would_have_done_by_hand() -> None:
     assert (rec.decisions, rec.nodes, rec.tickets) == (3, {"n1", "n2"}, 2)
     assert rec.gpu_hours == pytest.approx((2 + 6 + 1) * 8)
     assert (rec.confirmed, rec.not_confirmed, rec.pending, rec.precision) == (1, 1, 1, 0.5)
+
+
+def test_a_ticket_misses_its_targets_from_its_delivery() -> None:
+    from healer.tickets.targets import Miss, missed
+
+    def check(status: str, *, acked: datetime | None, now: datetime) -> list[Miss]:
+        return missed(
+            status=status,
+            sent_at=h(0),
+            acknowledged_at=acked,
+            ack_within_seconds=3600,
+            repair_within_seconds=4 * 3600,
+            now=now,
+        )
+
+    assert check("sent", acked=None, now=h(0.5)) == []
+    assert check("sent", acked=None, now=h(1)) == [Miss("ack", 3600, h(1))]
+    assert check("acknowledged", acked=h(0.5), now=h(3)) == []
+    assert check("in_progress", acked=h(0.5), now=h(5)) == [Miss("repair", 4 * 3600, h(4))]
+    # Resolved, closed, or not delivered yet: no target runs.
+    assert check("resolved", acked=h(0.5), now=h(9)) == []
+    assert (
+        missed(
+            status="pending",
+            sent_at=None,
+            acknowledged_at=None,
+            ack_within_seconds=1,
+            repair_within_seconds=1,
+            now=h(9),
+        )
+        == []
+    )
