@@ -194,7 +194,9 @@ class RuleRecord:
         return statistics.median(self.repair_seconds) if self.repair_seconds else None
 
     def add(self, j: Judged) -> None:
-        if not took_out(j.story):
+        # A recorded outcome counts even when the incident's transitions were pruned
+        # (scheduler.retention_days): its hours out are then unknown and count as none.
+        if j.outcome is None and not took_out(j.story):
             return
         self.bases[j.basis] = self.bases.get(j.basis, 0) + 1
         if j.outcome is None:
