@@ -60,6 +60,7 @@ from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.engine import pools as engine_pools
 from healer.engine import safety
+from healer.engine import shadow as engine_shadow
 from healer.errors import KubernetesError, KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
@@ -175,6 +176,7 @@ class Reconciler:
             audited=self.actions.status == ActionStatus.DRY_RUN,
             holder=self.fence.holder,
             fencing_token=self.fence.token,
+            skip_rules=engine_shadow.shadow_rules(self.rules),
         )
 
     def reconcile_all(
@@ -380,6 +382,7 @@ class Reconciler:
             rows=run.rows,
             attached=self._attached | run.attached,
             notices=notices and self._notifies,
+            skip_rules=self.record.skip_rules,
         )
         if obs.incident is not None:
             run.attached.add(obs.incident.id)

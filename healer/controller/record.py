@@ -33,6 +33,8 @@ class Recorder:
     audited: bool = False
     holder: str | None = None
     fencing_token: int | None = None
+    #: Shadow rules: their findings are never hung on an incident (nor a ticket's evidence).
+    skip_rules: frozenset[str] = frozenset()
 
     def step(
         self,
@@ -75,7 +77,7 @@ class Recorder:
             incident = repo.new_incident(
                 session, node, now=now, summary=step.reason, before_insert=lambda i: _remember(i, step)
             )
-            repo.attach_findings(session, node, incident)
+            repo.attach_findings(session, node, incident, skip_rules=self.skip_rules)
             rows.ticket, rows.ticket_read = None, True
             if attached is not None:
                 attached.add(incident.id)

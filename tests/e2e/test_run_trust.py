@@ -201,6 +201,9 @@ def test_outcomes_set_each_rules_precision_and_a_shadow_rule_changes_nothing(wor
         dry = list(s.scalars(select(Action).where(Action.status == "dry_run")))
         touched = {names[n] for n in s.scalars(select(Transition.node_id))}
         tickets_for = {names[n] for n in s.scalars(select(Ticket.node_id))}
+        shadow_evidence = list(
+            s.scalars(select(Finding.incident_id).where(Finding.rule == "GpuTooHotShadow"))
+        )
 
     def hours_out(incident: Incident) -> float:
         first: datetime = next(at for at, to in steps[incident.id] if to in OUT)
@@ -235,4 +238,5 @@ def test_outcomes_set_each_rules_precision_and_a_shadow_rule_changes_nothing(wor
         (n5, "ticket"),
     }
     assert all(i.rule != "GpuTooHotShadow" for i in closed)
+    assert shadow_evidence and set(shadow_evidence) == {None}, "a shadow finding is no incident's evidence"
     assert 'data-rule="GpuTooHotShadow"' in page and "50%" in page
