@@ -304,6 +304,7 @@ class Controller:
                     sessions=self.session_factory,
                     now=now,
                     fence=self.fence(),
+                    actions=self.actions,
                 )
                 acting = engine_shadow.acting(detection.findings, ruleset)
                 # Findings contained to one GPU (rules with quarantine scope gpu) stay off the node.

@@ -12,9 +12,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from healer.actions.base import NodeActions
 from healer.controller.fence import Fence
 from healer.engine import shadow
 from healer.engine.evaluation import RuleReport
+from healer.errors import HealerError
 from healer.model.findings import TickFindings
 from healer.model.states import RuleHealth
 from healer.ruleset.schema import RuleSet
@@ -36,10 +38,12 @@ def record(
     now: datetime,
     fence: Fence,
     actor: str = "healer",
+    actions: NodeActions | None = None,
 ) -> tuple[int, int]:
     """Open and close the shadow rules' decisions from this tick's findings (all rules', shadow
-    ones included). Returns (opened, closed); (0, 0) without a shadow rule. Raises ``NotLeader``
-    when this replica stopped leading."""
+    ones included). ``actions``: where a new decision's node is read for its GPU capacity (its
+    GPU-hours). Returns (opened, closed); (0, 0) without a shadow rule. Raises ``NotLeader`` when
+    this replica stopped leading."""
     names = shadow.shadow_rules(rules)
     if not names:
         return 0, 0
@@ -49,7 +53,13 @@ def record(
     with transaction(sessions) as session:
         fence.check_db(session)
         opened, closed = outcomes.record_shadow(
-            session, firing=firing, would=would, evaluated=evaluated, now=now, actor=actor
+            session,
+            firing=firing,
+            would=would,
+            evaluated=evaluated,
+            now=now,
+            actor=actor,
+            capacity=(lambda name: _capacity(actions, name)) if actions is not None else None,
         )
     for row in opened:
         log.info(
@@ -60,3 +70,12 @@ def record(
             extra={"rule": row.rule, "node": row.node_name, "shadow": True},
         )
     return len(opened), len(closed)
+
+
+def _capacity(actions: NodeActions, name: str) -> int | None:
+    """The node's ``nvidia.com/gpu`` capacity as read (the watch cache), None when unreadable."""
+    try:
+        return actions.read_node(name).gpu_capacity
+    except HealerError as exc:
+        log.info("shadow decision on %s: its GPU capacity is not known (%s)", name, exc)
+        return None

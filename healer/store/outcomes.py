@@ -7,7 +7,7 @@ Times are aware UTC and passed in (``now``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -194,6 +194,7 @@ def record_shadow(
     evaluated: Iterable[str],
     now: datetime,
     actor: str,
+    capacity: Callable[[str], int | None] | None = None,
 ) -> tuple[list[ShadowDecision], list[ShadowDecision]]:
     """Open a decision for each (shadow rule, node) newly firing, with a ``dry_run`` audit row per
     action it would take; close the open ones of ``evaluated`` rules no longer firing on their
@@ -201,7 +202,8 @@ def record_shadow(
     are: no data is not recovery.
 
     ``firing``: rule → node → evidence of its first firing finding there. ``would``: rule → the
-    actions it would take. Returns (opened, closed).
+    actions it would take. ``capacity``: a node's ``nvidia.com/gpu`` capacity (None: unknown; the
+    GPUs healer knows by UUID count then), read for new decisions only. Returns (opened, closed).
     """
     evaluated = set(evaluated)
     current = open_shadow(session)
@@ -223,11 +225,12 @@ def record_shadow(
             if (rule, node_name) in current:
                 continue
             known = nodes.get(node_name)
+            read = capacity(node_name) if capacity is not None else None
             row = ShadowDecision(
                 rule=rule,
                 node_name=node_name,
                 pool=known.pool if known is not None else "default",
-                gpus=gpus.get(known.id, 0) if known is not None else 0,
+                gpus=read if read is not None else (gpus.get(known.id, 0) if known is not None else 0),
                 would=list(would.get(rule, ())),
                 evidence=firing[rule][node_name],
                 opened_at=now,

@@ -229,6 +229,9 @@ def test_outcomes_set_each_rules_precision_and_a_shadow_rule_changes_nothing(wor
     assert (by_node[n5]["outcome"], by_node[n5]["basis"]) == ("not_confirmed", "recovered")
     assert by_node[n5]["would"] == ["cordon", "ticket"]
     assert {r.node_name for r in shadow_rows} == {n1, n5}
+    assert {r.gpus for r in shadow_rows} == {8}  # the nodes' nvidia.com/gpu capacity
+    fired = sum((r.closed_at - r.opened_at).total_seconds() for r in shadow_rows if r.closed_at)
+    assert shadow["gpu_hours"] == pytest.approx(8 * fired / 3600, abs=1e-3)
     assert n5 not in touched and n5 not in tickets_for
     assert not world.node(n5)["spec"].get("unschedulable")
     assert {(a.target, a.kind) for a in dry} == {
