@@ -212,6 +212,9 @@ class TicketOut(BaseModel):
     time_to_repair_seconds: float | None
     delivery_attempts: int = 0
     delivery_error: Redacted | None = None
+    overdue: list[str] = Field(
+        default_factory=list, description="The provider's repair targets it is past: ack, repair."
+    )
 
 
 class ProviderStats(BaseModel):

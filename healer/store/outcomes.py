@@ -327,8 +327,10 @@ def overdue_tickets(session: Session) -> list[Ticket]:
 
 def overdue_on(ticket: Ticket) -> list[str]:
     """The targets ``ticket`` is overdue on now: ``repair`` once missed (until resolved), ``ack``
-    once missed until it is acknowledged."""
+    once missed until it is acknowledged; none once the ticket is no longer open."""
     missed = ticket.overdue_escalated or {}
+    if ticket.status not in _OPEN_TICKETS:
+        return []
     return [t for t in ("ack", "repair") if t in missed and not (t == "ack" and ticket.acknowledged_at)]
 
 

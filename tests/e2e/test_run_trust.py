@@ -118,6 +118,8 @@ def test_outcomes_set_each_rules_precision_and_a_shadow_rule_changes_nothing(wor
             trust = httpx.get(f"{healer.url}/api/v1/trust", timeout=5).json()
             page = httpx.get(f"{healer.url}/trust", timeout=5).text
             exposition = httpx.get(f"{healer.url}/metrics", timeout=5).text
+            listed = httpx.get(f"{healer.url}/api/v1/tickets", timeout=5).json()["items"]
+            tickets_page = httpx.get(f"{healer.url}/tickets", timeout=5).text
             time.sleep(3)  # three more outbox rounds
             assert len(escalations()) == 2, escalations()
             assert {t["node"] for t in trust["overdue_tickets"]} == {n1, n2}
@@ -127,6 +129,8 @@ def test_outcomes_set_each_rules_precision_and_a_shadow_rule_changes_nothing(wor
                 or "2 tickets past the provider's target" in page
             )
             assert 'healer_tickets_overdue{provider="default",target="ack"} 2.0' in exposition
+            assert sorted((t["node"], t["overdue"]) for t in listed) == [(n1, ["ack"]), (n2, ["ack"])]
+            assert tickets_page.count('data-testid="overdue"') >= 2
 
             # The provider answers; the GPUs cool (n4 heats again once validating).
             with sessions() as s:
