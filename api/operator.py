@@ -91,3 +91,36 @@ def close_ticket(
         session.flush()
         (row,) = queries.ticket_rows(session, [ticket], None, now=now)
         return OperationOut(message=f"ticket {ticket_id} closed", ticket=row)
+
+
+def set_outcome(
+    factory: sessionmaker[Session],
+    *,
+    incident_id: int,
+    outcome: str | None,
+    actor: str,
+    now: datetime,
+    reason: str = "",
+) -> OperationOut:
+    """Set a closed incident's outcome by hand (null: back to the derived one), audited."""
+    from healer.engine.outcomes import Outcome
+    from healer.store import outcomes
+
+    with factory() as session, session.begin():
+        try:
+            row = outcomes.set_outcome(
+                session,
+                incident_id=incident_id,
+                outcome=Outcome(outcome) if outcome else None,
+                actor=actor,
+                now=now,
+                reason=reason,
+            )
+        except outcomes.OutcomeError as exc:
+            raise ApiError(404 if "not found" in str(exc) else 409, str(exc)) from exc
+        return OperationOut(
+            message=(
+                f"incident {incident_id} outcome: {row.outcome or 'none'} "
+                f"({row.outcome_basis}, by {row.outcome_by})"
+            )
+        )

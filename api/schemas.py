@@ -6,7 +6,7 @@ Times are aware UTC ISO 8601; durations are seconds.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, Field
 
@@ -212,6 +212,9 @@ class TicketOut(BaseModel):
     time_to_repair_seconds: float | None
     delivery_attempts: int = 0
     delivery_error: Redacted | None = None
+    overdue: list[str] = Field(
+        default_factory=list, description="The provider's repair targets it is past: ack, repair."
+    )
 
 
 class ProviderStats(BaseModel):
@@ -398,6 +401,14 @@ class FleetStatus(BaseModel):
 
 
 class ReasonIn(BaseModel):
+    reason: str = Field("", max_length=2000)
+
+
+class OutcomeIn(BaseModel):
+    """An operator's outcome for a closed incident: ``confirmed``, ``not_confirmed``, or null to
+    go back to the one healer derives."""
+
+    outcome: Literal["confirmed", "not_confirmed"] | None
     reason: str = Field("", max_length=2000)
 
 

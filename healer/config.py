@@ -431,6 +431,22 @@ class ProviderSettings(_Group):
     headers: dict[str, str] = Field(default_factory=dict)
     escalation_template: TemplateName = None
     escalation_provider: str | None = None
+    ack_within_seconds: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Repair target: the provider acknowledges a ticket within this many seconds of its "
+            "delivery; past it the ticket is flagged overdue and escalated once (unset: no target)."
+        ),
+    )
+    repair_within_seconds: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Repair target: the provider resolves a ticket within this many seconds of its delivery; "
+            "past it the ticket is flagged overdue and escalated once (unset: no target)."
+        ),
+    )
     callback_secret_env: str | None = Field(
         None, description="Env var with this provider's status-callback HMAC secret."
     )

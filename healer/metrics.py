@@ -16,7 +16,7 @@ Nothing here is a module-level global: the composition root builds one :class:`H
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -261,6 +261,7 @@ class DatabaseCollector(Collector):
                 families = list(_state_families(session))
                 families += list(_ledger_families(session, utc_now()))
                 families += list(_burst_families(session))
+                families += list(_trust_families(session, utc_now()))
         except SQLAlchemyError:
             up.add_metric([], 0.0)
             yield up
@@ -268,6 +269,86 @@ class DatabaseCollector(Collector):
         up.add_metric([], 1.0)
         yield up
         yield from families
+
+
+#: How far back the rules' record (outcomes, shadow rules) looks in the metrics.
+TRUST_WINDOW = timedelta(days=30)
+
+
+def _trust_families(session: Session, now: datetime) -> Iterable[Metric]:
+    """Each rule's record from its incidents' outcomes (:mod:`healer.engine.outcomes`) and what
+    each shadow rule would have done, over :data:`TRUST_WINDOW` (incidents closed in it)."""
+    from healer.engine import outcomes as oc
+    from healer.store import outcomes as store
+
+    since = now - TRUST_WINDOW
+    rules, pools = oc.records(store.judged_since(session, since))
+    decisions = GaugeMetricFamily(
+        "healer_rule_decisions",
+        "Incidents a rule took a node out for, closed in the last 30 days, by pool and outcome "
+        "(confirmed, not_confirmed, undetermined).",
+        labels=["rule", "pool", "outcome"],
+    )
+    for r in pools:
+        for outcome, n in (
+            ("confirmed", r.confirmed),
+            ("not_confirmed", r.not_confirmed),
+            ("undetermined", r.undetermined),
+        ):
+            decisions.add_metric([r.rule, r.pool or "", outcome], n)
+    precision = GaugeMetricFamily(
+        "healer_rule_precision",
+        "Confirmed / decided incidents of a rule closed in the last 30 days (absent: none decided).",
+        labels=["rule"],
+    )
+    false_q = GaugeMetricFamily(
+        "healer_rule_false_quarantines",
+        "A rule's not-confirmed incidents closed in the last 30 days.",
+        labels=["rule"],
+    )
+    gpu_hours = GaugeMetricFamily(
+        "healer_rule_gpu_hours_out",
+        "GPU-hours a rule's incidents closed in the last 30 days took out of service.",
+        labels=["rule"],
+    )
+    ttr = GaugeMetricFamily(
+        "healer_rule_time_to_repair_seconds",
+        "Median time from a node leaving service to its return, a rule's incidents closed in the "
+        "last 30 days, seconds (absent: none returned).",
+        labels=["rule"],
+    )
+    for r in rules:
+        if r.precision is not None:
+            precision.add_metric([r.rule], r.precision)
+        false_q.add_metric([r.rule], r.false_quarantines)
+        gpu_hours.add_metric([r.rule], r.gpu_hours)
+        if r.median_time_to_repair_seconds is not None:
+            ttr.add_metric([r.rule], r.median_time_to_repair_seconds)
+    shadow = GaugeMetricFamily(
+        "healer_shadow_rule_decisions",
+        "What a shadow rule would have done in the last 30 days, by outcome (confirmed, "
+        "not_confirmed, pending).",
+        labels=["rule", "outcome"],
+    )
+    shadow_gpu_hours = GaugeMetricFamily(
+        "healer_shadow_rule_gpu_hours",
+        "GPU-hours a shadow rule would have taken out of service in the last 30 days.",
+        labels=["rule"],
+    )
+    for sr in oc.shadow_records(store.shadow_judged(session, since=since, now=now), since=since, now=now):
+        counts = {"confirmed": sr.confirmed, "not_confirmed": sr.not_confirmed, "pending": sr.pending}
+        for outcome, n in counts.items():
+            shadow.add_metric([sr.rule, outcome], n)
+        shadow_gpu_hours.add_metric([sr.rule], sr.gpu_hours)
+    overdue = GaugeMetricFamily(
+        "healer_tickets_overdue",
+        "Open tickets past their provider's repair target (ack: not acknowledged in time, repair: "
+        "not resolved in time; tickets.providers[].ack_within_seconds / repair_within_seconds).",
+        labels=["provider", "target"],
+    )
+    for (provider, target), n in sorted(store.overdue_counts(session).items()):
+        overdue.add_metric([provider, target], n)
+    yield from (decisions, precision, false_q, gpu_hours, ttr, shadow, shadow_gpu_hours, overdue)
 
 
 #: How far back the parts ledger's metrics look.

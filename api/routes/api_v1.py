@@ -42,6 +42,7 @@ from api.schemas import (
     NodeSummary,
     NoteIn,
     OperationOut,
+    OutcomeIn,
     Page,
     ReasonIn,
     RulesOut,
@@ -279,6 +280,22 @@ def parts_ledger(
     }
 
 
+@router.get("/trust", summary="Each rule's record from outcomes")
+def trust(
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    days: Annotated[int, Query(ge=1, le=365, description="Look back this many days.")] = 30,
+) -> dict[str, object]:
+    """Per rule and per rule x node pool: incidents decided (confirmed + not confirmed), precision
+    (confirmed / decided), false quarantines, GPU-hours and node-hours out of service, median time
+    to repair (seconds) and the outcomes' bases, over incidents closed in the window; per shadow
+    rule what acting would have done (nodes, GPU-hours, tickets) and its decisions' outcomes."""
+    from api.trust_view import trust_page
+
+    return trust_page(session, now=now, days=days, ruleset=ruleset).as_json()
+
+
 @router.get("/audit", response_model=Page[ActionOut], summary="Audit log")
 def audit(
     session: SessionDep,
@@ -358,4 +375,20 @@ def close_ticket(
         actor=who.user,
         now=now,
         reason=body.reason if body else "",
+    )
+
+
+@router.post("/incidents/{incident_id}/outcome", response_model=OperationOut, summary="Set an outcome")
+def set_outcome(
+    incident_id: RowId, body: OutcomeIn, request: Request, who: OperatorCsrf, now: NowDep
+) -> OperationOut:
+    """Set a closed incident's outcome by hand (``confirmed``/``not_confirmed``; null: back to the
+    derived one). Audited (kind ``outcome``); healer never overwrites it."""
+    return operator.set_outcome(
+        request.app.state.session_factory,
+        incident_id=incident_id,
+        outcome=body.outcome,
+        actor=who.user,
+        now=now,
+        reason=body.reason,
     )

@@ -249,6 +249,24 @@ def parts_page(
     )
 
 
+@router.get("/trust")
+def trust_page(
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    _who: IdentityDep,
+    days: Annotated[int, Query(ge=1, le=365)] = 30,
+) -> Response:
+    """Each rule's record from its incidents' outcomes (precision, false quarantines, GPU-hours,
+    time to repair), per rule and per rule x pool; what each shadow rule would have done; tickets
+    past their provider's targets; over ``days`` days."""
+    from api.trust_view import trust_page as build
+
+    page = build(session, now=now, days=days, ruleset=ruleset)
+    return render(request, "trust.html", {"p": page, "now": now})
+
+
 @router.get("/burst")
 def burst_page(request: Request, session: SessionDep, now: NowDep, _who: IdentityDep) -> Response:
     """The burst: each capacity rule's burst nodes, open or closed, the pods out and those that

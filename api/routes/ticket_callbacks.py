@@ -13,6 +13,7 @@ token. Bodies are limited before they are read (413; :mod:`api.limits`).
 Body::
 
     {"status": "acknowledged" | "in_progress" | "needs_info" | "resolved" | "rejected",
+     "resolution": "replaced" | "fault_found" | "no_fault_found" (with resolved, optional),
      "reason": "...",          required for needs_info and rejected
      "external_id": "...",     the provider's ticket id, kept if healer has none yet
      "at": "2026-11-29T10:00:00Z"}   when it happened at the provider (default: now)
@@ -56,6 +57,13 @@ class StatusCallback(BaseModel):
     """A provider's report on one ticket."""
 
     status: Literal["acknowledged", "in_progress", "needs_info", "resolved", "rejected"]
+    resolution: Literal["replaced", "fault_found", "no_fault_found"] | None = Field(
+        None,
+        description=(
+            "With 'resolved': what the repair found: a part replaced, a fault found (and fixed), or "
+            "no fault found. It decides the incident's outcome (the rule's precision)."
+        ),
+    )
     reason: str | None = Field(None, max_length=4000)
     external_id: str | None = Field(None, max_length=200)
     at: AwareDatetime | None = Field(None, description="When it happened at the provider (ISO 8601).")
@@ -155,6 +163,7 @@ def _handle(
                 at=at,
                 reason=report.reason,
                 external_id=report.external_id,
+                resolution=report.resolution,
             )
     except SignatureError as exc:
         raise _unauthorized(ticket_id, str(exc)) from None

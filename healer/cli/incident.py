@@ -1,8 +1,9 @@
-"""``healer incident list|show``: the history of incidents, read from the database.
+"""``healer incident list|show|outcome``: the history of incidents, read from the database.
 
 The queries are :mod:`healer.history`'s, the ones the dashboard's ``/api/v1/incidents`` filters
 through. Listing commands take ``-o table|wide|json|yaml``; times are ISO 8601 UTC. Exit status 1
-with a message on stderr for an unknown incident; 2 for a time that is not one.
+with a message on stderr for an unknown incident; 2 for a time that is not one. ``outcome`` sets a
+closed incident's outcome by hand (:func:`healer.store.outcomes.set_outcome`, audited).
 
 The record helpers here (``*_record``, ``*_table``) also print ``healer node show``.
 """
@@ -357,3 +358,48 @@ def show_command(
     ):
         lines += ["", section(title, rows, width=width)]
     typer.echo("\n".join(lines))
+
+
+class OutcomeChoice(StrEnum):
+    """``healer incident outcome``'s answer: the decision was right, wrong, or back to derived."""
+
+    CONFIRMED = "confirmed"
+    NOT_CONFIRMED = "not_confirmed"
+    DERIVED = "derived"
+
+
+@app.command("outcome")
+def outcome_command(
+    ctx: typer.Context,
+    incident_id: Annotated[int, typer.Argument(help="Incident id (see `healer incident list`).")],
+    outcome: Annotated[
+        OutcomeChoice,
+        typer.Argument(help="confirmed, not_confirmed, or derived (back to healer's).", case_sensitive=False),
+    ],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why (recorded in the audit log).")] = "",
+    actor: Annotated[str | None, typer.Option(help="Who sets it (default: cli:<user>).")] = None,
+) -> None:
+    """Set a closed incident's outcome by hand (it counts in its rule's precision); audited, and
+    healer never overwrites it. Exit status 1 for an unknown or open incident."""
+    from healer import wiring
+    from healer.cli.context import operator_name
+    from healer.engine.outcomes import Outcome
+    from healer.store import outcomes
+    from healer.store.session import transaction
+
+    factory = store_sessions(ctx)
+    try:
+        with transaction(factory) as session:
+            row = outcomes.set_outcome(
+                session,
+                incident_id=incident_id,
+                outcome=None if outcome == OutcomeChoice.DERIVED else Outcome(outcome.value),
+                actor=actor or operator_name(),
+                now=wiring.utc_now(),
+                reason=reason,
+            )
+            said = f"{row.outcome or 'no outcome'} ({row.outcome_basis}, by {row.outcome_by})"
+            typer.echo(f"incident {row.id}: {said}")
+    except outcomes.OutcomeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc

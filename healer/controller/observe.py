@@ -164,6 +164,7 @@ def observe(
     rows: Rows | None = None,
     attached: set[int] | None = None,
     notices: bool = True,
+    skip_rules: frozenset[str] = frozenset(),
 ) -> Observation:
     """The node's facts now. A non-healthy node without an open incident gets one (its record needs
     one); the node's unattached findings are hung on the open incident. Findings of ``sticky_rules``
@@ -173,7 +174,8 @@ def observe(
     again; the incident's ticket status once read is kept there). ``attached``: the incidents whose
     findings this pass has hung on them already (not updated again; the ids added here are added).
     ``notices``: whether the notifications already sent are read (only :func:`lifecycle.notices
-    <healer.engine.lifecycle.notices>` needs them).
+    <healer.engine.lifecycle.notices>` needs them). ``skip_rules``: rules whose findings are
+    never hung on an incident (shadow rules).
     """
     view = seen.view
     if rows is None:
@@ -188,7 +190,7 @@ def observe(
         )
         rows.ticket, rows.ticket_read = None, True
     if incident is not None and (attached is None or incident.id not in attached):
-        repo.attach_findings(session, node, incident)
+        repo.attach_findings(session, node, incident, skip_rules=skip_rules)
         if attached is not None:
             attached.add(incident.id)
     firing: tuple[Finding, ...] = ()

@@ -60,6 +60,7 @@ from healer.controller.repair import RepairPublisher
 from healer.engine import lifecycle as lc
 from healer.engine import pools as engine_pools
 from healer.engine import safety
+from healer.engine import shadow as engine_shadow
 from healer.errors import KubernetesError, KubernetesNotFound, StaleState
 from healer.model.drain import DrainReport
 from healer.model.findings import TickFindings
@@ -111,6 +112,7 @@ class _Plan:
     drain: DrainPlan
     refusal: safety.Decision | None = None
     blocked: bool = False
+    gpus: int | None = None  # the node's nvidia.com/gpu capacity as read (GPU-hours of its outcome)
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ class Reconciler:
             audited=self.actions.status == ActionStatus.DRY_RUN,
             holder=self.fence.holder,
             fencing_token=self.fence.token,
+            skip_rules=engine_shadow.shadow_rules(self.rules),
         )
 
     def reconcile_all(
@@ -407,6 +410,7 @@ class Reconciler:
             rows=run.rows,
             attached=self._attached | run.attached,
             notices=notices and self._notifies,
+            skip_rules=self.record.skip_rules,
         )
         if obs.incident is not None:
             run.attached.add(obs.incident.id)
@@ -416,7 +420,9 @@ class Reconciler:
             obs.facts = replace(obs.facts, domain=self.domains[name])
         wanted = lc.notices(obs.facts, self.ctx) if notices else []
         approved, state = self._judge_notices(session, obs, wanted, state)
+        view = obs.facts.view
         plan = _Plan(
+            gpus=view.gpu_capacity if view is not None else None,
             from_state=obs.node.state,
             step=lc.decide(obs.facts, self.ctx),
             notices=approved,
@@ -507,6 +513,7 @@ class Reconciler:
                 attached=run.attached,
                 clear_intent=ours,
                 moved=moved,
+                gpus=plan.gpus,
             )
 
     def _record_effects(self, run: _Run, name: str, plan: _Plan, applied: Applied) -> None:

@@ -18,6 +18,7 @@ from healer.model.drain import DrainReport
 from healer.model.findings import Finding
 from healer.model.states import ActionStatus, NodeState
 from healer.store import nodes as repo
+from healer.store import outcomes
 from healer.store.models import Action, Incident, Node
 
 
@@ -32,6 +33,8 @@ class Recorder:
     audited: bool = False
     holder: str | None = None
     fencing_token: int | None = None
+    #: Shadow rules: their findings are never hung on an incident (nor a ticket's evidence).
+    skip_rules: frozenset[str] = frozenset()
 
     def step(
         self,
@@ -45,6 +48,7 @@ class Recorder:
         attached: set[int] | None = None,
         clear_intent: bool = False,
         moved: bool = False,
+        gpus: int | None = None,
     ) -> None:
         """Incident changes, memory, drain start, audit rows, tickets, transition.
 
@@ -57,6 +61,8 @@ class Recorder:
         ``clear_intent``: clear the node's ``intent`` (with the transition's UPDATE when it has one).
         ``moved``: the caller has done the compare-and-set already (:func:`healer.store.nodes.move`,
         before any other write of the record, so a stale one leaves nothing half written).
+        ``gpus``: the node's GPU capacity as read this step, for the GPU-hours of an incident it
+        closes (:func:`healer.store.outcomes.settle`).
         """
         now = self.now
         node, incident = rows.node, rows.incident
@@ -65,12 +71,13 @@ class Recorder:
         if step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident or "superseded")
             session.flush()
+            outcomes.settle(session, incident, now=now, gpus=gpus)
             incident = None
         if incident is None and (step.open_incident or step.new_incident):
             incident = repo.new_incident(
                 session, node, now=now, summary=step.reason, before_insert=lambda i: _remember(i, step)
             )
-            repo.attach_findings(session, node, incident)
+            repo.attach_findings(session, node, incident, skip_rules=self.skip_rules)
             rows.ticket, rows.ticket_read = None, True
             if attached is not None:
                 attached.add(incident.id)
@@ -127,6 +134,7 @@ class Recorder:
             )
         if step.close_incident is not None and not step.new_incident and incident is not None:
             _close(incident, now=now, reason=step.close_incident)
+            outcomes.settle(session, incident, now=now, gpus=gpus)
             incident = None
         rows.incident = incident
 

@@ -46,7 +46,7 @@ from healer.actions.validation import Validator
 from healer.blind_spots import observe_blind_spots
 from healer.clock import MonotonicClock, utc_now
 from healer.config import Settings
-from healer.controller import domains, ownership
+from healer.controller import domains, ownership, shadow
 from healer.controller.backoff import Backoff
 from healer.controller.burst import BurstSync
 from healer.controller.fence import Fence, claim
@@ -57,6 +57,7 @@ from healer.controller.wake import Wakeups
 from healer.coverage import observe_coverage
 from healer.detection import DetectionResult, initial_state, run_detection
 from healer.engine import gpu_scope
+from healer.engine import shadow as engine_shadow
 from healer.engine.evaluation import EvaluationState
 from healer.engine.schedule import due_groups, tick_seconds
 from healer.errors import HealerError, NotLeader
@@ -73,6 +74,7 @@ from healer.store.models import CallbackNonce, Incident, RuleEvaluation, Transit
 from healer.store.session import transaction
 from healer.tickets.coverage import describe, missing_providers
 from healer.tickets.delivery import deliver_due
+from healer.tickets.targets import escalate_overdue
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +300,19 @@ class Controller:
                     self.metrics.set_unresolved(report.rule, report.unresolved)
                 if not self.is_leader():
                     return
+                # Shadow rules record what they would do and act on nothing.
+                shadow.record(
+                    findings=detection.findings,
+                    rules=ruleset,
+                    reports=detection.reports,
+                    sessions=self.session_factory,
+                    now=now,
+                    fence=self.fence(),
+                    actions=self.actions,
+                )
+                acting = engine_shadow.acting(detection.findings, ruleset)
                 # Findings contained to one GPU (rules with quarantine scope gpu) stay off the node.
-                node_findings = gpu_scope.for_nodes(detection.findings, ruleset)
+                node_findings = gpu_scope.for_nodes(acting, ruleset)
                 ownership.settle(
                     owned=self.owned,
                     confirm=self.owned_node,
@@ -327,7 +340,7 @@ class Controller:
                 self._remember_topology(topology, now)
                 self._count(result)
                 if self.gpu_isolation is not None:
-                    self.gpu_isolation.run(detection.findings, ruleset, now, fence=self.fence())
+                    self.gpu_isolation.run(acting, ruleset, now, fence=self.fence())
                 changed = [o for o in result.outcomes if o.to_state and o.to_state != o.from_state]
                 if changed:
                     log.info(
@@ -541,6 +554,9 @@ class Controller:
         """Deliver due provider tickets; never blocks a tick (its own job and transactions)."""
         if not self.is_leader():
             return
+        with transaction(self.session_factory) as session:
+            self.fence().check_db(session)
+            escalate_overdue(session, tickets=self.settings.tickets, now=self.clock())
         report = deliver_due(
             session_factory=self.session_factory, settings=self.settings, now=self.clock(), client=self.http
         )

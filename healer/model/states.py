@@ -77,6 +77,15 @@ class TicketStatus(StrEnum):
     CLOSED = "closed"  # closed by an SRE
 
 
+class TicketResolution(StrEnum):
+    """What a provider says it found when it resolves a ticket (the status callback's
+    ``resolution``); it decides the incident's outcome (``healer.engine.outcomes``)."""
+
+    REPLACED = "replaced"
+    FAULT_FOUND = "fault_found"
+    NO_FAULT_FOUND = "no_fault_found"
+
+
 class OutboxStatus(StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"

@@ -66,6 +66,7 @@ HEALER_ANNOTATIONS: dict[str, tuple[str, Literal["list", "mapping", "text"]]] = 
     "gpu_label": ("healer_gpu_label", "text"),
     "unit": ("healer_unit", "text"),
     "kind": ("healer_kind", "text"),
+    "mode": ("healer_mode", "text"),
     "sticky": ("healer_sticky", "text"),
     "classify": ("healer_classify", "text"),
     "pool": ("healer_pool", "mapping"),

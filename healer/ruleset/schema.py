@@ -294,6 +294,13 @@ class Rule(_Strict):
         0.0, ge=0, description="Recovery hold: clear for this long before a firing finding resolves, seconds."
     )
     severity: Literal["critical", "warning", "info"] = "critical"
+    mode: Literal["acting", "shadow"] = Field(
+        "acting",
+        description=(
+            "'shadow': the rule is evaluated and records what it would have done (and how that "
+            "turned out), but never moves a node, touches the cluster or opens a ticket."
+        ),
+    )
     kind: Literal["fault", "no_data"] = Field(
         "fault", description="'no_data' rules mark nodes unknown (exporter down), never faulty."
     )

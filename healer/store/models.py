@@ -149,6 +149,16 @@ class Incident(Base):
     domain_incident_id: Mapped[int | None] = mapped_column(
         ForeignKey("domain_incidents.id", ondelete="SET NULL"), index=True, default=None
     )
+    # Whether the decision was right (healer.engine.outcomes), set when the incident closes:
+    # "confirmed" | "not_confirmed" | None (no decision, or not known), the basis it rests on, and
+    # who set it ("healer", or the operator who edited it; the edit has an audit row).
+    outcome: Mapped[str | None] = mapped_column(String(16), default=None)
+    outcome_basis: Mapped[str | None] = mapped_column(String(200), default=None)
+    outcome_at: Mapped[datetime | None] = mapped_column(default=None)
+    outcome_by: Mapped[str | None] = mapped_column(String(200), default=None)
+    # The node's GPU count (nvidia.com/gpu capacity) as read when the incident closed, for its
+    # GPU-hours out of service; None: not read (the GPUs healer knows by UUID count instead).
+    gpus: Mapped[int | None] = mapped_column(Integer, default=None)
 
     __table_args__ = (
         Index(
@@ -330,8 +340,34 @@ class Ticket(Base):
     domain_incident_id: Mapped[int | None] = mapped_column(
         ForeignKey("domain_incidents.id", ondelete="SET NULL"), index=True, default=None
     )
+    # What the provider said it found when it resolved the ticket (healer.engine.outcomes.Resolution):
+    # "replaced" | "fault_found" | "no_fault_found" | None (it said nothing).
+    resolution: Mapped[str | None] = mapped_column(String(32), default=None)
+    # When the escalation for a missed repair target (tickets.providers[].ack_within /
+    # repair_within) was queued: it is sent once per ticket and target; {"ack": iso, "repair": iso}.
+    overdue_escalated: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
     __table_args__ = (Index("ix_tickets_status_created_at", "status", "created_at"),)
+
+
+class ShadowDecision(Base):
+    """What a ``mode: shadow`` rule would have done on one node: from its first finding there
+    firing to its last one resolving (``closed_at`` None while it fires). Its outcome is read from
+    what later happened to the node (:func:`healer.engine.outcomes.judge_shadow`)."""
+
+    __tablename__ = "shadow_decisions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rule: Mapped[str] = mapped_column(String(200))
+    node_name: Mapped[str] = mapped_column(String(253))
+    pool: Mapped[str] = mapped_column(String(253), default="default")
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    would: Mapped[list[Any]]  # the actions it would have taken: cordon, taint, drain, ticket
+    evidence: Mapped[dict[str, Any] | None]  # the first firing finding: value, labels, summary
+    opened_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None]
+
+    __table_args__ = (Index("ix_shadow_decisions_rule_opened_at", "rule", "opened_at"),)
 
 
 class OutboxMessage(Base):

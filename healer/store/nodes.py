@@ -58,6 +58,9 @@ _ATTACH_FINDINGS = (
     )
     .values(incident_id=bindparam("b_incident_id"))
 )
+_ATTACH_FINDINGS_SKIPPING = _ATTACH_FINDINGS.where(
+    _FINDINGS.c.rule.not_in(bindparam("b_skip", expanding=True))
+)
 
 
 # The compare-and-set of a transition and the transition row's INSERT, in Core on the session's
@@ -398,6 +401,13 @@ def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fle
         session.execute(update(Node), moved)
 
 
-def attach_findings(session: Session, node: Node, incident: Incident) -> None:
-    """Hang the node's unresolved findings that belong to no incident yet on ``incident``."""
-    session.connection().execute(_ATTACH_FINDINGS, {"b_node_name": node.name, "b_incident_id": incident.id})
+def attach_findings(
+    session: Session, node: Node, incident: Incident, *, skip_rules: frozenset[str] = frozenset()
+) -> None:
+    """Hang the node's unresolved findings that belong to no incident yet on ``incident``, but
+    those of ``skip_rules`` (shadow rules: their findings are no incident's evidence)."""
+    params: dict[str, Any] = {"b_node_name": node.name, "b_incident_id": incident.id}
+    if skip_rules:
+        session.connection().execute(_ATTACH_FINDINGS_SKIPPING, {**params, "b_skip": sorted(skip_rules)})
+    else:
+        session.connection().execute(_ATTACH_FINDINGS, params)

@@ -31,11 +31,14 @@ class MissingProvider:
 def missing_providers(rules: Iterable[Rule], tickets: TicketSettings) -> list[MissingProvider]:
     """Every ticket provider the rules name that is not configured, sorted by provider name.
 
-    Pure: reads only its arguments. Escalation providers of configured providers are not checked.
+    Pure: reads only its arguments. Escalation providers of configured providers are not checked,
+    nor shadow rules (``mode: shadow``: they open no ticket).
     """
     configured = {p.name for p in tickets.providers}
     wanted: dict[str, list[str]] = {}
     for rule in rules:
+        if rule.mode == "shadow":
+            continue
         for action in rule.actions:
             if action.kind == "ticket" and action.provider not in configured:
                 names = wanted.setdefault(action.provider, [])

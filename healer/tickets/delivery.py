@@ -53,7 +53,7 @@ from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
 from healer.redaction import install_log_redaction, redact_text, redact_url
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
-from healer.tickets import payloads, signing
+from healer.tickets import payloads, signing, targets
 from healer.tickets.outbox import wire_key
 from healer.tickets.templates import render
 
@@ -221,6 +221,10 @@ def _truncate(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "… (truncated)"
 
 
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
+
+
 def _choose_template(
     ticket: Ticket, target: ProviderSettings, requested: ProviderSettings | None, rerouted: bool
 ) -> str:
@@ -273,6 +277,17 @@ def _prepare(
     if target is None:
         return failure(f"provider {message.provider!r} is not configured")
     template = _choose_template(ticket, target, providers.get(requested_name), "from_provider" in escalation)
+    missed = targets.overdue_target(message.idempotency_key)
+    if missed is not None:
+        # A missed repair target (healer.tickets.targets): the same ticket, escalated.
+        within = target.ack_within_seconds if missed == "ack" else target.repair_within_seconds
+        escalation = {
+            **escalation,
+            "escalated": True,
+            "reason": f"the provider missed its {missed} target ({within:.0f} s from delivery)",
+            "overdue": {"target": missed, "within_seconds": within, "sent_at": _iso(ticket.sent_at)},
+        }
+        template = target.escalation_template or template
     try:
         secret = signing.load_secret(
             env=target.secret_env, file=target.secret_file, what=f"provider {target.name}"

@@ -102,6 +102,23 @@ def pending_message(session: Session, ticket: Ticket) -> OutboxMessage | None:
     )
 
 
+def queue(session: Session, ticket: Ticket, *, key: str, now: datetime) -> OutboxMessage:
+    """Add a pending outbox message for ``ticket`` under ``key``, due at ``now`` (rendered at
+    delivery). Never commits."""
+    message = OutboxMessage(
+        ticket_id=ticket.id,
+        provider=ticket.provider,
+        idempotency_key=key,
+        body="",
+        status=OutboxStatus.PENDING,
+        attempts=0,
+        next_attempt_at=now,
+        created_at=now,
+    )
+    session.add(message)
+    return message
+
+
 def request_ticket(
     session: Session,
     *,
@@ -185,18 +202,7 @@ def _new_ticket(
     )
     session.add(ticket)
     session.flush()
-    session.add(
-        OutboxMessage(
-            ticket_id=ticket.id,
-            provider=ticket.provider,
-            idempotency_key=ticket.idempotency_key,
-            body="",
-            status=OutboxStatus.PENDING,
-            attempts=0,
-            next_attempt_at=now,
-            created_at=now,
-        )
-    )
+    queue(session, ticket, key=key, now=now)
     repo.record_action(
         session,
         kind="ticket",

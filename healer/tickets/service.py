@@ -35,6 +35,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from healer.model.states import ActionStatus, OutboxStatus, TicketStatus
+from healer.model.states import TicketResolution as Resolution
 from healer.operations import OperationError
 from healer.store import nodes as repo
 from healer.store.models import Incident, Node, OutboxMessage, Ticket
@@ -124,6 +125,7 @@ def apply_provider_status(
     at: datetime | None = None,
     reason: str | None = None,
     external_id: str | None = None,
+    resolution: str | None = None,
 ) -> StatusChange:
     """Apply a provider's status report (already verified) to the ticket.
 
@@ -132,14 +134,22 @@ def apply_provider_status(
 
     Raises:
         TicketNotFound: no such ticket.
-        ValueError: ``status`` is not one a provider may report, or a ``needs_info``/``rejected``
-            without a reason.
+        ValueError: ``status`` is not one a provider may report, a ``needs_info``/``rejected``
+            without a reason, or a ``resolution`` not with ``resolved`` (or not one of
+            :class:`~healer.engine.outcomes.Resolution`).
+
+    ``resolution``: with ``resolved``, what the repair found (``replaced``, ``fault_found``,
+    ``no_fault_found``); it decides the incident's outcome (:mod:`healer.engine.outcomes`).
     """
     status = TicketStatus(status)
     if status not in CALLBACK_STATUSES:
         raise ValueError(f"a provider cannot report status {status!r}")
     if status in NEEDS_REASON and not (reason or "").strip():
         raise ValueError(f"status {status} needs a reason")
+    if resolution is not None:
+        if status != TicketStatus.RESOLVED:
+            raise ValueError(f"a resolution goes with status resolved, not {status}")
+        resolution = str(Resolution(resolution))
     ticket = _locked_ticket(session, ticket_id)
     previous = ticket.status
     when = at or now
@@ -166,6 +176,7 @@ def apply_provider_status(
         ticket.sent_at = min(when, now)
     if status in (TicketStatus.RESOLVED, TicketStatus.REJECTED):
         ticket.resolved_at = when
+        ticket.resolution = resolution
         _cancel_delivery(session, ticket, why=f"ticket {status} by the provider")
 
     node = session.get(Node, ticket.node_id)
@@ -179,6 +190,8 @@ def apply_provider_status(
     }
     if reason:
         detail["reason"] = reason
+    if resolution:
+        detail["resolution"] = resolution
     if node is not None:
         # The ticket's status is an input: the controller's next reconcile of the node moves it
         # (a resolved ticket: repaired, then validating) by the lifecycle table, fenced like every

@@ -7,7 +7,7 @@ tickets); no payload, no secrets (errors redacted once more here: providers echo
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import select
@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from healer.model.states import OutboxStatus, TicketStatus
 from healer.redaction import redact_text
 from healer.store.models import Node, OutboxMessage, Ticket
+from healer.store.outcomes import overdue_on
 
 #: Ticket statuses after which nothing more happens on the provider's side.
 CLOSED_TICKETS = (TicketStatus.RESOLVED, TicketStatus.REJECTED, TicketStatus.FAILED, TicketStatus.CLOSED)
@@ -45,6 +46,8 @@ class TicketView:
     acknowledged_at: datetime | None
     resolved_at: datetime | None
     closed_by: str | None
+    #: The provider's repair targets it is past (``ack``, ``repair``; healer.tickets.targets).
+    overdue: list[str] = field(default_factory=list)
 
     @property
     def open(self) -> bool:
@@ -106,6 +109,7 @@ def _view(t: Ticket, msg: OutboxMessage | None, node: str) -> TicketView:
         acknowledged_at=t.acknowledged_at,
         resolved_at=t.resolved_at,
         closed_by=t.closed_by,
+        overdue=overdue_on(t),
     )
 
 

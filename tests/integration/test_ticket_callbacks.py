@@ -186,6 +186,27 @@ class TestResolved:
             assert action.actor == "provider:acme" and action.detail is not None
             assert action.detail["to"] == "resolved"
 
+    def test_a_resolution_says_what_the_repair_found_and_goes_with_resolved_only(
+        self, api: httpx.Client, session_factory: sessionmaker[Session], clock: Clock
+    ) -> None:
+        ticket_id = sent_ticket(session_factory)
+        before = snapshot(session_factory, ticket_id)
+        for wrong in (
+            {"status": "acknowledged", "resolution": "replaced"},
+            {"status": "resolved", "resolution": "meh"},
+        ):
+            assert callback(api, ticket_id, wrong).status_code == 422
+        assert snapshot(session_factory, ticket_id) == before
+        clock.now += timedelta(seconds=1)
+        found = {"status": "resolved", "resolution": "no_fault_found"}
+        response = callback(api, ticket_id, found, at=clock.now)
+        assert response.status_code == 200, response.text
+        with session_factory() as session:
+            ticket = session.get(Ticket, ticket_id)
+            assert ticket is not None and ticket.resolution == "no_fault_found"
+            action = session.scalars(select(Action).where(Action.kind == "ticket_status")).one()
+            assert action.detail is not None and action.detail["resolution"] == "no_fault_found"
+
     def test_duplicate_and_late_callbacks_change_nothing(
         self, api: httpx.Client, session_factory: sessionmaker[Session], clock: Clock
     ) -> None:

@@ -23,7 +23,7 @@ from healer.cli import app
 from healer.cli.incident import option_time
 from healer.model.states import ActionStatus
 from healer.store import nodes as repo
-from healer.store.models import Finding, Incident, Node
+from healer.store.models import Action, Finding, Incident, Node
 from healer.store.session import make_engine, make_sessionmaker, transaction
 from tests.integration.test_api_support import NOW, seed
 
@@ -246,6 +246,22 @@ def test_incident_show_of_a_closed_incident_says_how_it_ended(db_url: str) -> No
     closed, opened = _iso(-timedelta(days=18)), _iso(-timedelta(days=20))
     assert f"state:    closed {closed}: repaired by the provider (opened {opened})" in out
     assert "FINDINGS: none" in out and "TICKETS: none" in out
+
+
+def test_incident_outcome_is_set_by_hand_and_audited(db_url: str) -> None:
+    old = _incident_id(db_url, "Xid 48 double-bit ECC")
+    args = ("incident", "outcome", str(old), "not_confirmed", "-r", "reseated, fine since", "--actor", "bob")
+    out = _out(db_url, *args)
+    assert out.strip() == f"incident {old}: not_confirmed (operator, by bob)"
+    engine = make_engine(db_url)
+    with make_sessionmaker(engine)() as s:
+        (row,) = s.scalars(select(Action).where(Action.kind == "outcome")).all()
+        assert (row.actor, row.incident_id) == ("bob", old)
+        assert row.detail is not None and row.detail["reason"] == "reseated, fine since"
+    engine.dispose()
+    hot = _incident_id(db_url, "GPU 3 too hot")  # still open
+    result = _run(db_url, "incident", "outcome", str(hot), "confirmed")
+    assert result.exit_code == 1 and f"incident {hot} is still open" in result.stderr
 
 
 def test_incident_show_speaks_json_and_yaml(db_url: str) -> None:

@@ -259,6 +259,7 @@ def test_every_healer_key_survives_the_round_trip(tmp_path: Path) -> None:
                             "gpu_label": "minor_number",
                             "unit": "Xid code: the value",
                             "sticky": True,
+                            "mode": "shadow",
                             "labels": {"team": "gpu", "tier": "1"},
                             "annotations": {"summary": "Xid {{ $value }}: look", "description": "true"},
                             "pool": {"name": "h100", "node_selector": {"nvidia.com/gpu.product": "H100"}},

@@ -79,3 +79,21 @@ def test_acting_without_the_provider_is_refused_unless_overridden() -> None:
             tickets={"providers": [{"name": n, "url": "https://x.example"} for n in ("default", "oncall")]},
         ),
     )
+
+
+def test_a_shadow_rule_needs_no_provider() -> None:
+    from healer.config import TicketSettings
+    from healer.ruleset.schema import Rule
+    from healer.tickets.coverage import missing_providers
+
+    shadow = Rule.model_validate(
+        {
+            "name": "Try",
+            "expr": "up == 0",
+            "mode": "shadow",
+            "actions": ["quarantine", {"ticket": {"provider": "acme"}}],
+        }
+    )
+    acting = shadow.model_copy(update={"mode": "acting", "name": "Act"})
+    assert missing_providers([shadow], TicketSettings()) == []
+    assert [m.rules for m in missing_providers([shadow, acting], TicketSettings())] == [("Act",)]
