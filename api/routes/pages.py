@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import burst_view, charts, operator, parts_view, queries
+from api import burst_view, charts, links, operator, parts_view, queries
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
 from api.deps import (
     FleetQueryDep,
@@ -33,11 +33,12 @@ from api.deps import (
 from api.errors import ApiError
 from api.exporter_inputs import check_inputs, with_inputs
 from api.rendering import render
-from api.schemas import NodeDetail
+from api.schemas import FindingOut, NodeDetail
 from healer.config import Settings
 from healer.model.states import ActionStatus, NodeState, TicketStatus
 from healer.operations import RELEASABLE
-from healer.ruleset.schema import Rule, RuleSet
+from healer.ruleset.schema import RuleSet
+from healer.store.models import Incident
 
 router = APIRouter(include_in_schema=False)
 
@@ -154,19 +155,64 @@ def fleet_fragment(
     return render(request, "_fleet_live.html", context)
 
 
-def _fired_rule(detail: NodeDetail, ruleset: RuleSet | None) -> Rule | None:
-    """The rule whose series the node's chart shows: a firing finding's rule, else a pending one's,
-    else the latest resolved one's (a closed incident); None without findings or rules."""
+#: At most this many rules charted on a node page (one panel each, one or two queries each).
+MAX_RULE_PANELS = 3
+#: Audit rows of a node that are not decisions on it: left off its chart's marks.
+NOT_DECISIONS = frozenset(
+    {"note", "ticket_status", "ticket_retry", "pause", "resume", "breaker_trip", "breaker_reset"}
+)
+
+
+def _finding_spans(findings: list[FindingOut]) -> tuple[charts.Span, ...]:
+    spans: list[charts.Span] = []
+    for f in findings:
+        pending_end = f.fired_at or (f.resolved_at if f.state == "resolved" else None)
+        spans.append(charts.Span("pending", f.active_since, pending_end))
+        if f.fired_at is not None:
+            spans.append(charts.Span("firing", f.fired_at, f.resolved_at))
+    return tuple(spans)
+
+
+def chart_rules(
+    detail: NodeDetail, ruleset: RuleSet | None, *, incident_rule: str | None
+) -> list[charts.RuleContext]:
+    """The rules a node page charts, each with its spans and the incident's decisions: the rule
+    healer follows for the incident first, then the incident's other findings' rules (firing,
+    pending, then resolved), at most :data:`MAX_RULE_PANELS`; none without rules or findings."""
     if ruleset is None:
-        return None
-    for state in ("firing", "pending", "resolved"):
-        for finding in detail.findings:
-            if finding.state == state:
-                try:
-                    return ruleset.rule(finding.rule)
-                except KeyError:
-                    continue
-    return None
+        return []
+    incident = detail.open_incident or (detail.incidents[0] if detail.incidents else None)
+    findings = [f for f in detail.findings if incident is None or f.incident_id in (incident.id, None)]
+    if incident is not None and not any(f.incident_id == incident.id for f in findings):
+        findings = list(detail.findings)
+    order = {"firing": 0, "pending": 1, "resolved": 2}
+    names: list[str] = [incident_rule] if incident_rule else []
+    for f in sorted(findings, key=lambda f: order.get(f.state, 3)):
+        if f.rule not in names:
+            names.append(f.rule)
+    marks = tuple(
+        charts.Mark(at=a.created_at, label=a.kind, detail=str(a.status))
+        for a in detail.actions
+        if a.kind not in NOT_DECISIONS and (incident is None or a.created_at >= incident.opened_at)
+    )
+    out: list[charts.RuleContext] = []
+    for name in names:
+        try:
+            rule = ruleset.rule(name)
+        except KeyError:
+            continue
+        mine = [f for f in findings if f.rule == name]
+        out.append(
+            charts.RuleContext(
+                rule=rule,
+                finding_labels=mine[0].labels if mine else {},
+                spans=_finding_spans(mine),
+                marks=marks,
+            )
+        )
+        if len(out) == MAX_RULE_PANELS:
+            break
+    return out
 
 
 @router.get("/nodes/{name}")
@@ -176,6 +222,7 @@ def node_page(
     session: SessionDep,
     now: NowDep,
     ruleset: RuleSetDep,
+    settings: SettingsDep,
     _who: IdentityDep,
     judging: JudgingDep,
 ) -> Response:
@@ -185,16 +232,17 @@ def node_page(
     start, end = charts.chart_window(
         incident.opened_at if incident else None, incident.closed_at if incident else None, now=now
     )
+    incident_rule = session.get(Incident, incident.id).rule if incident else None  # type: ignore[union-attr]
     gate: charts.ChartGate = request.app.state.chart_gate
     with gate.slot() as turn:
         chart = (
-            charts.build_chart(
+            charts.build_node_chart(
                 request.app.state.prometheus,
                 node=name,
                 node_labels=charts.node_labels_of(ruleset),
                 start=start,
                 end=end,
-                rule=_fired_rule(detail, ruleset),
+                rules=chart_rules(detail, ruleset, incident_rule=incident_rule),
             )
             if turn
             else charts.busy_chart(start=start, end=end)
@@ -205,6 +253,11 @@ def node_page(
         {
             "d": detail,
             "chart": chart,
+            "panel_links": [
+                links.query_links(settings, p.source, start=start, end=end) if p.source else None
+                for p in chart.panels
+            ],
+            "kubectl": links.kubectl_commands(detail.node.name),
             "incident": incident,
             "now": now,
             "done": _done(request),
