@@ -407,7 +407,7 @@ def _panel(
         if t0 <= mk.at.timestamp() <= t1:
             title = f"{mk.at:%H:%M:%S} {mk.label}{': ' + mk.detail if mk.detail else ''}"
             panel.marks.append(Tick(x=x(mk.at.timestamp()), label=mk.label, title=title))
-    panel.y_ticks = [(y(v), f"{v:.4g}") for v in (lo + (hi - lo) * k / 4 for k in range(5))]
+    panel.y_ticks = [(y(v), f"{v:.3g}") for v in (lo + (hi - lo) * k / 4 for k in range(5))]
     # The first label starts at the axis and the last ends at the plot's edge, so none is cut.
     anchors = ("start", "middle", "middle", "middle", "end")
     panel.x_ticks = [

@@ -8,8 +8,8 @@ confirmation, then redirects (303) to the page the action concerns, which shows 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Annotated, Any
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Form, Query, Request
@@ -34,6 +34,7 @@ from api.errors import ApiError
 from api.exporter_inputs import check_inputs, with_inputs
 from api.rendering import render
 from api.schemas import FindingOut, NodeDetail
+from healer import history
 from healer.config import Settings
 from healer.model.states import ActionStatus, NodeState, TicketStatus
 from healer.operations import RELEASABLE
@@ -43,6 +44,8 @@ from healer.store.models import Incident
 router = APIRouter(include_in_schema=False)
 
 PAGE_SIZE = 50
+#: Closed incidents listed on the fleet page at most (the Incidents page has the rest).
+RECENT_CLOSED = 20
 
 #: Result banners after a redirect; fixed texts keyed by a code, so no text is reflected from the URL.
 DONE_MESSAGES = {
@@ -99,7 +102,21 @@ def _fleet_context(
         unhealthy=not state,
     )
     page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE, judging=judging)
+    recent_hours = settings.api.recent_incidents_hours
+    recent = (
+        queries.list_incidents(
+            session,
+            limit=RECENT_CLOSED,
+            ruleset=ruleset,
+            flt=history.IncidentFilter(state="closed", since=now - timedelta(hours=recent_hours)),
+        )
+        if recent_hours
+        else None
+    )
     return {
+        "recent_hours": recent_hours,
+        "recent_closed": recent.items if recent else [],
+        "recent_more": bool(recent and recent.next_cursor),
         "status": status,
         "source": status.source,
         "attention": queries.needs_attention(
@@ -263,6 +280,67 @@ def node_page(
             "done": _done(request),
             "releasable": detail.node.state in {str(s) for s in RELEASABLE},
             "parts_failed_before": parts_view.parts_failed_before(session, detail.node.name, now=now),
+        },
+    )
+
+
+#: The incidents page's time filter: opened or still open within this many days (0: any time).
+INCIDENT_DAYS = (1, 7, 30, 90, 0)
+
+
+@router.get("/incidents")
+def incidents_page(
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    _who: IdentityDep,
+    rule: str | None = None,
+    pool: str | None = None,
+    state: Literal["open", "closed", ""] = "",
+    outcome: str | None = None,
+    node: str | None = None,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    days: Annotated[int, Query(ge=0, le=3650)] = 7,
+    cursor: str | None = None,
+) -> Response:
+    """Incident history, newest first: filter by rule, pool, state, outcome and time, search the
+    rule, node name and headline (the filters of ``healer incident list``)."""
+    flt = history.IncidentFilter(
+        rule=rule or None,
+        pool=pool or None,
+        state=state or None,
+        outcome=outcome or None,
+        node=node or None,
+        search=q or None,
+        since=now - timedelta(days=days) if days else None,
+    )
+    page = queries.list_incidents(session, cursor=cursor, limit=PAGE_SIZE, ruleset=ruleset, flt=flt)
+    filters = {
+        "rule": rule,
+        "pool": pool,
+        "state": state,
+        "outcome": outcome,
+        "node": node,
+        "q": q,
+        "days": str(days),
+    }
+    known_rules = {r.name for r in ruleset.rules} if ruleset else set()
+    return render(
+        request,
+        "incidents.html",
+        {
+            "page": page,
+            "filters": filters,
+            "days_choices": INCIDENT_DAYS,
+            "rules": sorted({*queries.incident_rules(session), *known_rules}),
+            "pools": queries.pools(session),
+            "outcomes": queries.incident_outcomes(session),
+            "now": now,
+            "next_link": _query_link("/incidents", **filters, cursor=page.next_cursor)
+            if page.next_cursor
+            else None,
+            "first_link": _query_link("/incidents", **filters) if cursor else None,
         },
     )
 
