@@ -152,12 +152,16 @@ def rule_query(expr: str, matchers: Mapping[str, str] | None = None) -> RuleQuer
             threshold.append(n.rhs)
         return n.lhs
 
-    series = promql_parser.transform(node, pre, post)
     scope = dict(matchers or {})
+    try:
+        series = str(_scoped(_unparen(promql_parser.transform(node, pre, post)), scope))
+        against = str(_scoped(_unparen(threshold[0]), scope)) if threshold else None
+    except (ValueError, TypeError) as exc:  # a selector the parser printed in a way it cannot read
+        raise PromqlSyntax(str(exc)) from exc
     return RuleQuery(
-        series=str(_scoped(_unparen(series), scope)),
+        series=series,
         bounds=tuple(dict.fromkeys(bounds)),
-        threshold_series=str(_scoped(_unparen(threshold[0]), scope)) if threshold else None,
+        threshold_series=against,
         filters=tuple(filters),
     )
 

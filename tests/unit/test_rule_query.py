@@ -105,3 +105,15 @@ def test_links_never_carry_the_prometheus_credentials() -> None:
     link = query_links(grafana, "up", start=end, end=end).grafana
     assert link is not None and link.startswith("https://grafana.example/explore?left=")
     assert kubectl_commands("gpu-node-07")[0] == "kubectl describe node gpu-node-07"
+
+
+def test_the_verdict_reads_the_leading_bound_of_a_default_rule() -> None:
+    """The verdict's "(threshold > 78)" comes from the same split, past the rule's `unless`."""
+    from api.charts import rule_series
+
+    hot = rule_series(DEFAULT.rule("GpuTooHot"))
+    assert (hot.op, hot.threshold) == (">", 78.0)
+    xid = rule_series(DEFAULT.rule("GpuFatalXid"))
+    assert (xid.op, xid.threshold) == (">=", 46.0)
+    slow = rule_series(DEFAULT.rule("GpuHardwareSlowdown"))
+    assert (slow.op, slow.threshold) == (None, None)
