@@ -20,6 +20,7 @@ on an expression the parser cannot read.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -113,10 +114,23 @@ def rule_query(expr: str, matchers: Mapping[str, str] | None = None) -> RuleQuer
     """Split ``expr`` into its input series and threshold, each narrowed by ``matchers`` (the
     node's label and value, e.g. ``{"Hostname": "gpu-node-07"}``; none: the fleet's series).
 
+    Remembers its last :data:`CACHED` answers: a long expression (``GpuFatalXid``'s chain of 90
+    comparisons) takes tens of milliseconds to rewrite, and every node page and verdict asks.
+
     Raises:
         PromqlSyntax: the expression cannot be read, or holds a quote or backslash in a label
             value or string (the parser would print it back wrong).
     """
+    return _rule_query(expr, tuple(sorted((matchers or {}).items())))
+
+
+#: How many (expression, node) answers :func:`rule_query` remembers.
+CACHED = 4096
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _rule_query(expr: str, scope_items: tuple[tuple[str, str], ...]) -> RuleQuery:
+    matchers = dict(scope_items)
     if not _safe(expr) or any(not _safe(promql_string(v)[1:-1]) for v in (matchers or {}).values()):
         raise PromqlSyntax("a label value or string with a quote or backslash cannot be charted")
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import shutil
 import statistics
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api import charts
 from api.rule_query import rule_query
 from healer.config import load_settings
+from healer.errors import SourceError
 from healer.model.states import NodeState
 from healer.ruleset.loading import load_ruleset
 from healer.sources.prometheus_range import PrometheusRange, step_for
@@ -97,8 +99,13 @@ def _seed(factory: Sessions) -> None:
 
 
 def _query_ms(prom: PrometheusRange, expr: str, start: datetime, end: datetime) -> float:
+    """Milliseconds of one range query; ``inf`` when it failed or ran past the client's timeout."""
     began = time.perf_counter()
-    prom.query_range(expr, start=start, end=end, step_seconds=step_for(start, end))
+    try:
+        prom.query_range(expr, start=start, end=end, step_seconds=step_for(start, end))
+    except SourceError as exc:
+        print(f"  query failed after {time.perf_counter() - began:.1f}s: {exc}", flush=True)
+        return math.inf
     return (time.perf_counter() - began) * 1000
 
 
@@ -181,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if round_ == 1:  # the fleet-wide query once per node: it is the slow one
                         wide = rule_query(ruleset.rule(rule).expr).series
                         fleet_wide.append(_query_ms(prom, wide, start, end))
+                        print(f"  {rule} fleet-wide: {fleet_wide[-1]:.0f} ms", flush=True)
                 print(f"round {round_} (load average {load:.2f}): " + "; ".join(line), flush=True)
     rows = [(n, statistics.median(t), p95(t)) for n, t in pages.items()]
     print()
