@@ -53,6 +53,7 @@ from healer import history
 from healer.config import SafetySettings
 from healer.engine.labels import gpu_sort_key
 from healer.engine.lifecycle import finding_story
+from healer.engine.outcomes import Outcome
 from healer.engine.safety import PoolUsage, breaker_trips_at
 from healer.model.blind_spots import BlindReport
 from healer.model.limits import SafetyLimits
@@ -946,23 +947,52 @@ def list_incidents(
     cursor: str | None = None,
     limit: int = 50,
     ruleset: RuleSet | None = None,
+    flt: history.IncidentFilter | None = None,
 ) -> Page[IncidentOut]:
-    """Incidents, newest opened first (filtered as ``healer incident list`` filters them),
-    headlined by their latest finding (``ruleset``: the rules' holds in the headline).
+    """Incidents, newest opened first (filtered as ``healer incident list`` filters them: ``flt``,
+    else ``node`` and ``open_only``), headlined by their latest finding (``ruleset``: the rules'
+    holds in the headline), each with its node's pool.
 
     Raises:
         ApiError: 404 unknown node, 400 invalid cursor.
     """
-    if node:
-        get_node(session, node)  # 404 for a node healer does not know
-    query = history.incident_query(history.IncidentFilter(node=node, state="open" if open_only else None))
+    flt = flt or history.IncidentFilter(node=node, state="open" if open_only else None)
+    if flt.node:
+        get_node(session, flt.node)  # 404 for a node healer does not know
+    query = history.incident_query(flt)
 
     def convert(rows: list[Incident]) -> list[IncidentOut]:
-        return _incidents_out(session, rows, _node_names(session, {r.node_id for r in rows}), ruleset)
+        ids = {r.node_id for r in rows}
+        found = select(Node.id, Node.name, Node.pool).where(Node.id.in_(ids))
+        nodes = {i: (n, p) for i, n, p in session.execute(found)} if ids else {}
+        out = _incidents_out(session, rows, {i: n for i, (n, _) in nodes.items()}, ruleset)
+        return [
+            o.model_copy(update={"pool": nodes.get(r.node_id, ("", None))[1]})
+            for o, r in zip(out, rows, strict=True)
+        ]
 
     return _page_by_time(
         session, query, Incident.opened_at, Incident.id, cursor, limit, "incidents", IncidentOut, convert
     )
+
+
+def pools(session: Session) -> list[str]:
+    """Every pool a node is in, sorted."""
+    return sorted(p for p in session.scalars(select(Node.pool).distinct()) if p)
+
+
+def incident_outcomes(session: Session) -> list[str]:
+    """The outcome filter's choices: ``confirmed`` and ``not_confirmed`` (whether the decision was
+    right, :mod:`healer.engine.outcomes`), then every way an incident has closed so far
+    (``close_reason``), sorted."""
+    query = select(Incident.close_reason).where(Incident.close_reason.is_not(None)).distinct()
+    return [*(str(o) for o in Outcome), *sorted(r for r in session.scalars(query) if r)]
+
+
+def incident_rules(session: Session) -> list[str]:
+    """Every rule an incident has followed, sorted: the rule filter's choices."""
+    query = select(Incident.rule).where(Incident.rule.is_not(None)).distinct()
+    return sorted(r for r in session.scalars(query) if r)
 
 
 def list_findings(

@@ -188,6 +188,7 @@ class IncidentOut(BaseModel):
     value: float | None = Field(None, description="The latest finding's latest value, in `unit`.")
     unit: str | None = None
     evidence_at: datetime | None = Field(None, description="When that value was last seen.")
+    pool: str | None = Field(None, description="The node's pool (incident lists only).")
 
 
 class TicketOut(BaseModel):

@@ -720,6 +720,23 @@ class ApiSettings(_Group):
     awaiting_repair_attention_hours: float = Field(
         24.0, gt=0, description="A node awaiting repair longer than this is listed under Needs attention."
     )
+    recent_incidents_hours: float = Field(
+        24.0,
+        ge=0,
+        description="The fleet page lists incidents closed within this many hours (0: none), so a "
+        "night's incidents stay in sight after they close.",
+    )
+    prometheus_link_url: str | None = Field(
+        None,
+        description="Base URL of the Prometheus UI for the node page's 'open in Prometheus' links; "
+        "unset: prometheus.url when it carries no credentials, else no link.",
+    )
+    grafana_url: str | None = Field(
+        None, description="Grafana base URL for 'open in Grafana Explore' links (unset: no link)."
+    )
+    grafana_datasource: str | None = Field(
+        None, description="UID of the Grafana Prometheus data source those links use."
+    )
 
 
 class Settings(BaseSettings):

@@ -20,6 +20,7 @@ from sqlalchemy import Select, exists, or_, select
 from sqlalchemy.orm import Session
 
 from healer.engine.lifecycle import finding_story
+from healer.engine.outcomes import Outcome
 from healer.model.states import FindingState
 from healer.store.evaluations import finding_from_row
 from healer.store.models import Action, Finding, Gpu, Incident, Node, Ticket, Transition
@@ -39,7 +40,9 @@ class IncidentFilter:
     pool; ``state``: ``open`` (not closed yet) or ``closed``; ``since``/``until``: open at some time
     in that window (opened at or before ``until``, and still open or closed at or after ``since``);
     ``node``: its node's name; ``search``: a case-insensitive substring of its rule, node name or
-    summary (its headline).
+    summary (its headline); ``outcome``: whether its decision was right (``confirmed`` or
+    ``not_confirmed``: :mod:`healer.engine.outcomes`), else how it closed (its ``close_reason``,
+    e.g. ``returned to service``).
     """
 
     rule: str | None = None
@@ -49,6 +52,7 @@ class IncidentFilter:
     until: datetime | None = None
     node: str | None = None
     search: str | None = None
+    outcome: str | None = None
 
 
 def _like(text: str) -> str:
@@ -71,6 +75,10 @@ def incident_query(flt: IncidentFilter) -> Select[Incident]:
         query = query.where(or_(Incident.closed_at.is_(None), Incident.closed_at >= flt.since))
     if flt.until is not None:
         query = query.where(Incident.opened_at <= flt.until)
+    if flt.outcome in set(Outcome):
+        query = query.where(Incident.outcome == flt.outcome)
+    elif flt.outcome:
+        query = query.where(Incident.close_reason == flt.outcome)
     if flt.rule:
         found = exists().where(Finding.incident_id == Incident.id, Finding.rule == flt.rule)
         query = query.where(or_(Incident.rule == flt.rule, found))

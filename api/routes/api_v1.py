@@ -11,8 +11,8 @@ cannot be attached by a cross-site browser request, so those are exempt).
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Annotated, Any
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -49,6 +49,7 @@ from api.schemas import (
     TicketOut,
     TransitionOut,
 )
+from healer import history
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
@@ -145,14 +146,35 @@ def list_incidents(
     ruleset: RuleSetDep,
     node: str | None = None,
     open: Annotated[bool, Query(description="Only incidents not closed yet.")] = False,
+    rule: Annotated[str | None, Query(description="The rule it follows, or a finding's.")] = None,
+    pool: Annotated[str | None, Query(description="Its node's pool.")] = None,
+    state: Annotated[Literal["open", "closed"] | None, Query(description="open or closed.")] = None,
+    outcome: Annotated[
+        str | None,
+        Query(
+            description="confirmed or not_confirmed (was the decision right), else how it closed "
+            "(close_reason), exactly."
+        ),
+    ] = None,
+    since: Annotated[datetime | None, Query(description="Open at some time at or after this.")] = None,
+    until: Annotated[datetime | None, Query(description="Opened at or before this.")] = None,
+    q: Annotated[str | None, Query(description="Substring of its rule, node name or headline.")] = None,
     cursor: CursorQ = None,
     limit: Limit = 50,
 ) -> Page[IncidentOut]:
     """Incidents, newest first, each headlined by its latest finding (``summary``; ``first_summary``
-    is what was recorded when it opened)."""
-    return queries.list_incidents(
-        session, node=node, open_only=open, cursor=cursor, limit=limit, ruleset=ruleset
+    is what was recorded when it opened), filtered as ``healer incident list`` filters them."""
+    flt = history.IncidentFilter(
+        node=node,
+        state=state or ("open" if open else None),
+        rule=rule,
+        pool=pool,
+        outcome=outcome,
+        since=since,
+        until=until,
+        search=q,
     )
+    return queries.list_incidents(session, cursor=cursor, limit=limit, ruleset=ruleset, flt=flt)
 
 
 @router.get("/findings", response_model=Page[FindingOut], summary="List findings")

@@ -8,15 +8,15 @@ confirmation, then redirects (303) to the page the action concerns, which shows 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Annotated, Any
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import burst_view, charts, operator, parts_view, queries, topology_view
+from api import burst_view, charts, links, operator, parts_view, queries, topology_view
 from api.auth import CSRF_FIELD, SESSION_COOKIE, SESSION_MAX_AGE_SECONDS, Auth, Identity, cookie_header
 from api.deps import (
     FleetQueryDep,
@@ -33,15 +33,19 @@ from api.deps import (
 from api.errors import ApiError
 from api.exporter_inputs import check_inputs, with_inputs
 from api.rendering import render
-from api.schemas import NodeDetail
+from api.schemas import FindingOut, NodeDetail
+from healer import history
 from healer.config import Settings
 from healer.model.states import ActionStatus, NodeState, TicketStatus
 from healer.operations import RELEASABLE
-from healer.ruleset.schema import Rule, RuleSet
+from healer.ruleset.schema import RuleSet
+from healer.store.models import Incident
 
 router = APIRouter(include_in_schema=False)
 
 PAGE_SIZE = 50
+#: Closed incidents listed on the fleet page at most (the Incidents page has the rest).
+RECENT_CLOSED = 20
 
 #: Result banners after a redirect; fixed texts keyed by a code, so no text is reflected from the URL.
 DONE_MESSAGES = {
@@ -98,7 +102,21 @@ def _fleet_context(
         unhealthy=not state,
     )
     page = queries.list_nodes(session, flt=flt, cursor=cursor, limit=PAGE_SIZE, judging=judging)
+    recent_hours = settings.api.recent_incidents_hours
+    recent = (
+        queries.list_incidents(
+            session,
+            limit=RECENT_CLOSED,
+            ruleset=ruleset,
+            flt=history.IncidentFilter(state="closed", since=now - timedelta(hours=recent_hours)),
+        )
+        if recent_hours
+        else None
+    )
     return {
+        "recent_hours": recent_hours,
+        "recent_closed": recent.items if recent else [],
+        "recent_more": bool(recent and recent.next_cursor),
         "status": status,
         "source": status.source,
         "attention": queries.needs_attention(
@@ -154,19 +172,64 @@ def fleet_fragment(
     return render(request, "_fleet_live.html", context)
 
 
-def _fired_rule(detail: NodeDetail, ruleset: RuleSet | None) -> Rule | None:
-    """The rule whose series the node's chart shows: a firing finding's rule, else a pending one's,
-    else the latest resolved one's (a closed incident); None without findings or rules."""
+#: At most this many rules charted on a node page (one panel each, one or two queries each).
+MAX_RULE_PANELS = 3
+#: Audit rows of a node that are not decisions on it: left off its chart's marks.
+NOT_DECISIONS = frozenset(
+    {"note", "ticket_status", "ticket_retry", "pause", "resume", "breaker_trip", "breaker_reset"}
+)
+
+
+def _finding_spans(findings: list[FindingOut]) -> tuple[charts.Span, ...]:
+    spans: list[charts.Span] = []
+    for f in findings:
+        pending_end = f.fired_at or (f.resolved_at if f.state == "resolved" else None)
+        spans.append(charts.Span("pending", f.active_since, pending_end))
+        if f.fired_at is not None:
+            spans.append(charts.Span("firing", f.fired_at, f.resolved_at))
+    return tuple(spans)
+
+
+def chart_rules(
+    detail: NodeDetail, ruleset: RuleSet | None, *, incident_rule: str | None
+) -> list[charts.RuleContext]:
+    """The rules a node page charts, each with its spans and the incident's decisions: the rule
+    healer follows for the incident first, then the incident's other findings' rules (firing,
+    pending, then resolved), at most :data:`MAX_RULE_PANELS`; none without rules or findings."""
     if ruleset is None:
-        return None
-    for state in ("firing", "pending", "resolved"):
-        for finding in detail.findings:
-            if finding.state == state:
-                try:
-                    return ruleset.rule(finding.rule)
-                except KeyError:
-                    continue
-    return None
+        return []
+    incident = detail.open_incident or (detail.incidents[0] if detail.incidents else None)
+    findings = [f for f in detail.findings if incident is None or f.incident_id in (incident.id, None)]
+    if incident is not None and not any(f.incident_id == incident.id for f in findings):
+        findings = list(detail.findings)
+    order = {"firing": 0, "pending": 1, "resolved": 2}
+    names: list[str] = [incident_rule] if incident_rule else []
+    for f in sorted(findings, key=lambda f: order.get(f.state, 3)):
+        if f.rule not in names:
+            names.append(f.rule)
+    marks = tuple(
+        charts.Mark(at=a.created_at, label=a.kind, detail=str(a.status))
+        for a in detail.actions
+        if a.kind not in NOT_DECISIONS and (incident is None or a.created_at >= incident.opened_at)
+    )
+    out: list[charts.RuleContext] = []
+    for name in names:
+        try:
+            rule = ruleset.rule(name)
+        except KeyError:
+            continue
+        mine = [f for f in findings if f.rule == name]
+        out.append(
+            charts.RuleContext(
+                rule=rule,
+                finding_labels=mine[0].labels if mine else {},
+                spans=_finding_spans(mine),
+                marks=marks,
+            )
+        )
+        if len(out) == MAX_RULE_PANELS:
+            break
+    return out
 
 
 @router.get("/nodes/{name}")
@@ -176,6 +239,7 @@ def node_page(
     session: SessionDep,
     now: NowDep,
     ruleset: RuleSetDep,
+    settings: SettingsDep,
     _who: IdentityDep,
     judging: JudgingDep,
 ) -> Response:
@@ -185,16 +249,17 @@ def node_page(
     start, end = charts.chart_window(
         incident.opened_at if incident else None, incident.closed_at if incident else None, now=now
     )
+    incident_rule = session.get(Incident, incident.id).rule if incident else None  # type: ignore[union-attr]
     gate: charts.ChartGate = request.app.state.chart_gate
     with gate.slot() as turn:
         chart = (
-            charts.build_chart(
+            charts.build_node_chart(
                 request.app.state.prometheus,
                 node=name,
                 node_labels=charts.node_labels_of(ruleset),
                 start=start,
                 end=end,
-                rule=_fired_rule(detail, ruleset),
+                rules=chart_rules(detail, ruleset, incident_rule=incident_rule),
             )
             if turn
             else charts.busy_chart(start=start, end=end)
@@ -205,12 +270,78 @@ def node_page(
         {
             "d": detail,
             "chart": chart,
+            "panel_links": [
+                links.query_links(settings, p.source, start=start, end=end) if p.source else None
+                for p in chart.panels
+            ],
+            "kubectl": links.kubectl_commands(detail.node.name),
             "incident": incident,
             "now": now,
             "done": _done(request),
             "releasable": detail.node.state in {str(s) for s in RELEASABLE},
             "parts_failed_before": parts_view.parts_failed_before(session, detail.node.name, now=now),
             "domain": topology_view.domain_of(session, incident.id) if incident else None,
+        },
+    )
+
+
+#: The incidents page's time filter: opened or still open within this many days (0: any time).
+INCIDENT_DAYS = (1, 7, 30, 90, 0)
+
+
+@router.get("/incidents")
+def incidents_page(
+    request: Request,
+    session: SessionDep,
+    now: NowDep,
+    ruleset: RuleSetDep,
+    _who: IdentityDep,
+    rule: str | None = None,
+    pool: str | None = None,
+    state: Literal["open", "closed", ""] = "",
+    outcome: str | None = None,
+    node: str | None = None,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    days: Annotated[int, Query(ge=0, le=3650)] = 7,
+    cursor: str | None = None,
+) -> Response:
+    """Incident history, newest first: filter by rule, pool, state, outcome and time, search the
+    rule, node name and headline (the filters of ``healer incident list``)."""
+    flt = history.IncidentFilter(
+        rule=rule or None,
+        pool=pool or None,
+        state=state or None,
+        outcome=outcome or None,
+        node=node or None,
+        search=q or None,
+        since=now - timedelta(days=days) if days else None,
+    )
+    page = queries.list_incidents(session, cursor=cursor, limit=PAGE_SIZE, ruleset=ruleset, flt=flt)
+    filters = {
+        "rule": rule,
+        "pool": pool,
+        "state": state,
+        "outcome": outcome,
+        "node": node,
+        "q": q,
+        "days": str(days),
+    }
+    known_rules = {r.name for r in ruleset.rules} if ruleset else set()
+    return render(
+        request,
+        "incidents.html",
+        {
+            "page": page,
+            "filters": filters,
+            "days_choices": INCIDENT_DAYS,
+            "rules": sorted({*queries.incident_rules(session), *known_rules}),
+            "pools": queries.pools(session),
+            "outcomes": queries.incident_outcomes(session),
+            "now": now,
+            "next_link": _query_link("/incidents", **filters, cursor=page.next_cursor)
+            if page.next_cursor
+            else None,
+            "first_link": _query_link("/incidents", **filters) if cursor else None,
         },
     )
 

@@ -152,10 +152,11 @@ def test_fleet_to_node_page_with_timeline_and_chart(dashboard: Dashboard, page: 
     expect(timeline).to_contain_text("GpuTooHot firing for 5m")
     expect(timeline).to_contain_text("suspect")
     chart = page.get_by_test_id("chart")
-    # The series of the rule that fired (GpuTooHot reads GPU temperature), with its threshold.
+    # The input series of the rule that fired (GpuTooHot reads GPU temperature), narrowed to this
+    # node, with its threshold.
     expect(chart.locator("svg")).to_have_count(1)
     expect(chart.locator("figure.chart")).to_have_attribute(
-        "data-series", "max by (Hostname, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP)"
+        "data-series", f'max by (Hostname, gpu, UUID)(DCGM_FI_DEV_GPU_TEMP{{Hostname="{NODE}"}})'
     )
     expect(chart.locator("path.series")).to_have_count(2)  # 2 GPUs
     expect(chart.get_by_test_id("threshold")).to_have_count(1)

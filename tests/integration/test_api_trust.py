@@ -97,6 +97,14 @@ def test_a_recovery_without_repair_is_a_false_quarantine_until_an_operator_says_
     assert client.post(path, json={"outcome": "maybe"}, headers=OP).status_code == 422
     r = client.post(path, json={"outcome": "confirmed", "reason": "DCGM diag failed on GPU 3"}, headers=OP)
     assert r.status_code == 200, r.text
+    # The incidents page and API filter by it.
+    def listed(outcome: str) -> list[int]:
+        items = client.get("/api/v1/incidents", params={"outcome": outcome}).json()["items"]
+        return [i["id"] for i in items]
+
+    assert listed("confirmed") == [closed] and listed("not_confirmed") == []
+    page = client.get("/incidents", params={"outcome": "confirmed"}).text
+    assert f'data-incident="{closed}"' in page
     after = record(client)
     assert (after["confirmed"], after["false_quarantines"], after["precision"], after["bases"]) == (
         1,
@@ -113,6 +121,7 @@ def test_a_recovery_without_repair_is_a_false_quarantine_until_an_operator_says_
     # Back to the derived outcome; an open incident has none to set; an unknown one is 404.
     assert client.post(path, json={"outcome": None}, headers=OP).status_code == 200
     assert record(client)["bases"] == {"recovered": 1}
+    assert listed("not_confirmed") == [closed] and listed("confirmed") == []
     assert (
         client.post(
             f"/api/v1/incidents/{still_open}/outcome", json={"outcome": "confirmed"}, headers=OP
