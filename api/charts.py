@@ -290,7 +290,7 @@ def _rule_panel(
     if what.threshold_series:
         condition = "compared with the dashed series"
     else:
-        condition = " and ".join(str(b) for b in what.bounds) or "see the expression"
+        condition = " and ".join(str(b) for b in what.bounds)  # "": a bitmask or no-data rule
     base = Panel(
         title=title,
         unit=unit,

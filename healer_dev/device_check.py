@@ -289,7 +289,8 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="device-check", description=__doc__.split("\n\n")[0])
+    summary = __doc__.split("\n\n")[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="device-check", description=summary)
     parser.add_argument("--recorded", type=Path, help="read a recorded NVML device instead of the real one")
     parser.add_argument("--out", type=Path, help="also write nvml-recording.json and metrics.prom here")
     parser.add_argument("--sysfs", type=Path, default=Path("/sys"), help="sysfs root (default /sys)")
@@ -303,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NvmlUnavailable as exc:
         nvml, error = None, str(exc)
     source = f"recorded device {args.recorded}" if args.recorded else "this machine's driver (pynvml)"
+    if error:
+        source += ": not available"
     report, status = run(
         nvml, nvml_error=error, source=source, out=args.out, sysfs=args.sysfs, kmsg=args.kmsg
     )

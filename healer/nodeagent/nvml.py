@@ -119,7 +119,7 @@ class PynvmlCalls:
         except ImportError as exc:
             raise NvmlUnavailable(
                 f"NVML not available: the Python bindings are not installed ({exc}); "
-                "install healer with the agent extra (pip install 'healer[agent]')"
+                "install healer with the agent extra (pip install -e '.[agent]' in its source tree)"
             ) from None
         self._nvml: Any = pynvml
         try:
