@@ -6,7 +6,9 @@ Time is a parameter: deadline tests pass ``now`` values instead of sleeping.
 
 from __future__ import annotations
 
+import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -739,6 +741,29 @@ class TestApiClient:
         settings = KubernetesSettings(kubeconfig=emulator.write_kubeconfig(tmp_path / "kubeconfig"))
         with make_api_client(settings) as api:
             assert KubernetesNodeActions(api, settings).read_node(NODE).unschedulable is False
+
+    def test_a_burst_of_cordons_in_flight_keeps_its_connections(
+        self, emulator: KubernetesEmulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """As many requests at once as a wave's cordons in flight (24) plus the three watches:
+        every connection goes back to the pool for the next request. With the official client's
+        default (5 per CPU) urllib3 would drop the ones over it and open new ones, warning."""
+        names = [f"burst-{i:02d}" for i in range(27)]
+        for name in names:
+            emulator.add(node(name))
+        settings = KubernetesSettings(kubeconfig=emulator.write_kubeconfig(tmp_path / "kubeconfig"))
+        with make_api_client(settings) as api, caplog.at_level(logging.WARNING, logger="urllib3"):
+            actions = KubernetesNodeActions(api, settings)
+            barrier = threading.Barrier(len(names))
+
+            def read(name: str) -> str:
+                barrier.wait(timeout=10)  # all 27 requests in flight together
+                return actions.read_node(name).name
+
+            for _ in range(2):
+                with ThreadPoolExecutor(max_workers=len(names)) as pool:
+                    assert sorted(pool.map(read, names)) == names
+        assert not [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
 
     def test_missing_kubeconfig_is_a_config_error(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="nope"):
