@@ -201,9 +201,10 @@ def remediate(
         validator=validator,
     )
     result = RemediationResult(at=now)
+    synced: dict[str, str] | None = None  # node → pool of every row, once the fleet is synced
     with transaction(session_factory) as session:
         if fleet:
-            repo.sync_nodes(session, fleet, now=now, fleet_wide=True)
+            synced = repo.sync_nodes(session, fleet, now=now, fleet_wide=True)
         names = fleet_facts.candidates(session, findings)
     seen = read_all(actions, [name for name in names if not backoff.waiting(name, now)])
     with transaction(session_factory) as session:
@@ -216,10 +217,14 @@ def remediate(
         paused = bool(repo.get_switch(session, repo.SWITCH_PAUSED).get("paused", False))
         breaker_row = repo.get_switch(session, repo.SWITCH_BREAKER)
         # The budget counts over the nodes healer has recorded (as the dashboard shows them); the
-        # breaker's percentage over the cluster's nodes now, when listed.
-        recorded: dict[str, str] = {
-            name: pool for name, pool in session.execute(select(Node.name, Node.pool))
-        }
+        # breaker's percentage over the cluster's nodes now, when listed. After a fleet-wide sync
+        # its answer is every row already, read a few milliseconds ago: no second SELECT of all
+        # of them (a row the CLI adds in between counts from the next tick).
+        recorded: dict[str, str] = (
+            {**synced, **pools}
+            if synced is not None
+            else {name: pool for name, pool in session.execute(select(Node.name, Node.pool))}
+        )
         node_pools = dict(fleet) if fleet else recorded
         fleet_size = len(node_pools)
         sticky_rules = sticky_values.sticky_rule_names(rules)

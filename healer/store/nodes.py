@@ -367,8 +367,12 @@ def nodes_in_states(session: Session, states: Sequence[str]) -> list[Node]:
     return list(session.scalars(select(Node).where(Node.state.in_(list(states))).order_by(Node.name)))
 
 
-def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fleet_wide: bool) -> None:
-    """Make the node rows match ``pools`` (node → pool) in a constant number of statements.
+def sync_nodes(
+    session: Session, pools: Mapping[str, str], *, now: datetime, fleet_wide: bool
+) -> dict[str, str]:
+    """Make the node rows match ``pools`` (node → pool) in a constant number of statements;
+    returns node → pool of the rows read, as they are now (every row when ``fleet_wide``, the
+    rows of nodes no longer in ``pools`` included).
 
     One SELECT (of every node when ``fleet_wide``, else of the named ones), one bulk INSERT of the
     new nodes (created healthy), one bulk UPDATE of the nodes whose pool changed; a fleet that did
@@ -399,6 +403,7 @@ def sync_nodes(session: Session, pools: Mapping[str, str], *, now: datetime, fle
     ]
     if moved:
         session.execute(update(Node), moved)
+    return {**{name: pool for name, (_, pool) in known.items()}, **pools}
 
 
 def attach_findings(
