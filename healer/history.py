@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import Select, exists, or_, select
 from sqlalchemy.orm import Session
@@ -23,7 +23,7 @@ from healer.engine.lifecycle import finding_story
 from healer.engine.outcomes import Outcome
 from healer.model.states import FindingState
 from healer.store.evaluations import finding_from_row
-from healer.store.models import Action, Finding, Gpu, Incident, Node, Ticket, Transition
+from healer.store.models import Action, DomainIncident, Finding, Gpu, Incident, Node, Ticket, Transition
 from healer.tickets.views import TicketView, ticket_views
 
 IncidentState = Literal["open", "closed"]
@@ -113,6 +113,9 @@ class IncidentRow:
     escalated: bool
     blocked_reason: str | None
     first_summary: str = ""
+    #: The domain incident (:mod:`healer.engine.correlation`) this node's incident is part of:
+    #: ``{"id", "kind", "name", "open"}`` (a rack, switch or NVLink domain), or None.
+    domain: dict[str, Any] | None = None
 
     @property
     def state(self) -> IncidentState:
@@ -141,7 +144,8 @@ def latest_finding(findings: Iterable[Finding], rule: str | None) -> Finding | N
 
 
 def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[IncidentRow]:
-    """``incidents`` as rows, in their order: two queries (node names and pools, their findings)."""
+    """``incidents`` as rows, in their order: two queries (node names and pools, their findings),
+    and a third for their domain incidents when some have one."""
     if not incidents:
         return []
     node_ids = {i.node_id for i in incidents}
@@ -155,6 +159,16 @@ def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[Incid
     for f in session.scalars(select(Finding).where(Finding.incident_id.in_([i.id for i in incidents]))):
         if f.incident_id is not None:
             found[f.incident_id].append(f)
+
+    domain_ids = {i.domain_incident_id for i in incidents if i.domain_incident_id is not None}
+    domains = {
+        d.id: {"id": d.id, "kind": d.kind, "name": d.name, "open": d.closed_at is None}
+        for d in (
+            session.scalars(select(DomainIncident).where(DomainIncident.id.in_(domain_ids)))
+            if domain_ids
+            else ()
+        )
+    }
 
     def summary(i: Incident) -> str:
         latest = latest_finding(found.get(i.id, ()), i.rule)
@@ -174,6 +188,7 @@ def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[Incid
             close_reason=i.close_reason,
             escalated=i.escalated,
             blocked_reason=i.blocked_reason,
+            domain=domains.get(i.domain_incident_id) if i.domain_incident_id is not None else None,
         )
         for i in incidents
     ]

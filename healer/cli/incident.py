@@ -63,6 +63,7 @@ def incident_record(row: IncidentRow) -> dict[str, Any]:
         "close_reason": row.close_reason,
         "escalated": row.escalated,
         "blocked_reason": row.blocked_reason,
+        "domain": row.domain,
     }
 
 
@@ -343,6 +344,12 @@ def show_command(
     else:
         lines.append(f"state:    open since {inc['opened_at']}")
     lines.append(f"rule:     {inc['rule'] or ', '.join(inc['rules']) or '-'}")
+    if domain := inc["domain"]:
+        state = "open" if domain["open"] else "closed"
+        lines.append(
+            f"domain:   part of domain incident {domain['id']} ({domain['kind']} {domain['name']}, "
+            f"{state}): one ticket for the domain, on the dashboard at /domains/{domain['id']}"
+        )
     lines.append(f"summary:  {_text(inc['summary'])}")
     if inc["first_summary"] and inc["first_summary"] != inc["summary"]:
         lines.append(f"opened as: {_text(inc['first_summary'])}")

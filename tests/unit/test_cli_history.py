@@ -23,7 +23,7 @@ from healer.cli import app
 from healer.cli.incident import option_time
 from healer.model.states import ActionStatus
 from healer.store import nodes as repo
-from healer.store.models import Action, Finding, Incident, Node
+from healer.store.models import Action, DomainIncident, Finding, Incident, Node
 from healer.store.session import make_engine, make_sessionmaker, transaction
 from tests.integration.test_api_support import NOW, seed
 
@@ -347,3 +347,38 @@ def test_an_unknown_node_is_an_error_naming_it(db_url: str) -> None:
     assert result.stderr.strip() == (
         "error: unknown node 'gpu-node-99' (`healer node list --all` lists the nodes healer knows)"
     )
+
+
+def test_incident_show_names_the_domain_incident_it_is_part_of(db_url: str) -> None:
+    """A node incident taken into a switch's fault says so, in the text and in JSON: the domain's
+    one ticket covers it (no replacement ticket of its own)."""
+    hot = _incident_id(db_url, "GPU 3 too hot")
+    engine = make_engine(db_url)
+    with transaction(make_sessionmaker(engine)) as s:
+        domain = DomainIncident(
+            kind="ib_leaf",
+            name="leaf-3",
+            size=16,
+            first_seen=NOW - timedelta(minutes=70),
+            opened_at=NOW - timedelta(minutes=60),
+            members=[{"node": "gpu-node-07", "joined_at": _iso(-timedelta(minutes=60))}],
+        )
+        s.add(domain)
+        s.flush()
+        incident = s.get(Incident, hot)
+        assert incident is not None
+        incident.domain_incident_id = domain.id
+        domain_id = domain.id
+    engine.dispose()
+
+    out = _out(db_url, "incident", "show", str(hot))
+    assert (
+        f"domain:   part of domain incident {domain_id} (ib_leaf leaf-3, open): one ticket for the "
+        f"domain, on the dashboard at /domains/{domain_id}"
+    ) in out.splitlines()
+    shown = json.loads(_out(db_url, "incident", "show", str(hot), "-o", "json"))
+    assert shown["incident"]["domain"] == {"id": domain_id, "kind": "ib_leaf", "name": "leaf-3", "open": True}
+    old = _incident_id(db_url, "Xid 48 double-bit ECC")
+    assert "domain:" not in _out(db_url, "incident", "show", str(old))
+    listed = {r["id"]: r["domain"] for r in json.loads(_out(db_url, "incident", "list", "-o", "json"))}
+    assert listed[hot] is not None and listed[old] is None
