@@ -40,6 +40,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
 
+from healer.actions.kubernetes import CONNECTIONS
 from tests.services import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,6 +209,7 @@ class ControlPlane:
         configuration.host = self.url
         configuration.ssl_ca_cert = str(self.ca_file)
         configuration.api_key = {"authorization": f"Bearer {token}"}
+        configuration.connection_pool_maxsize = CONNECTIONS  # as healer's own client has
         return k8s.ApiClient(configuration)
 
     def admin_client(self) -> k8s.ApiClient:
