@@ -489,7 +489,8 @@ class TicketSettings(_Group):
 
 
 class RepairSettings(_Group):
-    """Remediation ladders' repairs (GPU reset, node reboot) by the node agent (``healer agent``).
+    """Remediation ladders' repairs (GPU reset, node reboot) by the node agent (``healer agent``),
+    and the log bundle it captures for a replacement ticket (``capture_wait_seconds``).
 
     The controller signs each request (HMAC-SHA256 with the secret, mounted from a Secret into both
     the controller and the agent) and publishes it on the Node; see ``healer.model.repair``.
@@ -532,8 +533,18 @@ class RepairSettings(_Group):
         default_factory=lambda: ["nvidia-smi", "-q"],
         description=(
             "The command whose output the node agent adds to the log bundle it captures before a "
-            "reboot (with the kernel log and its Xid lines); empty: none. The chart runs it on the "
-            "host through nsenter."
+            "reboot or for a ticket (with the kernel log and its Xid lines); empty: none. The chart "
+            "runs it on the host through nsenter."
+        ),
+    )
+    capture_wait_seconds: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "With repair.actions set (a node agent answers), quarantining a node also asks its "
+            "agent for the log bundle; a replacement ticket waits for the answer at most this long "
+            "after the request, seconds, then goes without it (the payload says why). 0: no "
+            "capture is asked."
         ),
     )
 

@@ -51,7 +51,8 @@ def agent(
         ),
     ] = None,
 ) -> None:
-    """Carry out the controller's signed repair requests (GPU reset, reboot) on this node only.
+    """Carry out the controller's signed repair requests (GPU reset, reboot, log capture) on this
+    node only.
 
     Watches its own Node; refuses (and logs, with the reason) requests that are unsigned, wrongly
     signed, for another node, expired or replayed. Settings: ``repair.secret_env``/``secret_file``
@@ -72,7 +73,7 @@ def agent(
     from healer.logs import configure_logging
     from healer.model.repair import RepairRequest
     from healer.nodeagent.agent import NodeAgent
-    from healer.nodeagent.bundle import Capture
+    from healer.nodeagent.bundle import Capture, bundle_reason
     from healer.nodeagent.executor import load_executor
     from healer.nodeagent.exposition import render, serve
     from healer.nodeagent.facts import HostFacts
@@ -113,7 +114,7 @@ def agent(
     def bundler(request: RepairRequest) -> str:
         return Capture(
             node=node,
-            why=f"{request.action} for incident {request.incident}",
+            why=bundle_reason(request),
             kmsg=facts.kmsg,
             nvidia_smi=settings.repair.agent_bundle_command,
             at=utc_now().isoformat(),

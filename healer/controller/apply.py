@@ -27,6 +27,7 @@ from healer.engine import lifecycle as lc
 from healer.errors import KubernetesError, KubernetesNotFound
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.node import NodeEdit, NodeView, Ownership
+from healer.model.repair import CAPTURE
 from healer.model.states import ActionStatus
 
 
@@ -85,7 +86,8 @@ def apply(
     leads, which propagates: what was applied so far is settled by the ownership reconcile).
 
     ``RequestRepair`` is signed by ``repair`` and written on the node for its agent (a
-    ``KubernetesError``-style failure when no publisher is configured).
+    ``KubernetesError``-style failure when no publisher is configured); audited as
+    ``repair-request``, or ``capture-request`` for a log capture.
 
     ``StartDrain`` and ``RequestTicket`` are recorded, not applied here. Raises
     ``KubernetesNotFound`` (the node is gone); any other Kubernetes error ends the step with the
@@ -150,7 +152,9 @@ def apply(
                         raise KubernetesError("no repair publisher: repair.actions or its secret unset")
                     request = repair.request(view.name, effect, incident=incident_id or 0, now=now)
                     annotations: dict[str, str | None] = {repair.key: request.signed(repair.secret)}
-                    applied.view = actions.annotate(node, annotations, what="repair-request")
+                    # A log capture is not a repair step (the parts ledger counts repair-requests).
+                    what = "capture-request" if request.action == CAPTURE else "repair-request"
+                    applied.view = actions.annotate(node, annotations, what=what)
                     node = applied.view
                     detail = {
                         "action": request.action,
@@ -158,7 +162,7 @@ def apply(
                         "nonce": request.nonce,
                         "expires": request.expires,
                     }
-                    applied.done.append(Done("repair-request", detail, status))
+                    applied.done.append(Done(what, detail, status))
                 case lc.StartValidation(job=job):
                     if validator is None:
                         raise KubernetesError("no validation Jobs configured (validation.enabled)")

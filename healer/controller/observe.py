@@ -266,6 +266,7 @@ def incident_facts(incident: Incident, *, ticket: TicketStatus | None = None) ->
         validation=incident.validation,
         release_requested=incident.release_requested,
         domain_id=incident.domain_incident_id,
+        capture=incident.capture,
     )
 
 

@@ -167,6 +167,9 @@ class Reconciler:
 
     def __post_init__(self) -> None:
         self._removing = set(engine_pools.removing_rules(self.rules))
+        # A log capture is asked where an agent answers: not in dry-run (nothing reaches the node).
+        acting = self.actions.status != ActionStatus.DRY_RUN
+        self._capture_wait = self.repair.capture_wait_seconds if self.repair and acting else 0.0
         self.ctx = lc.Context(
             rules=self.rules,
             now=self.now,
@@ -174,6 +177,7 @@ class Reconciler:
             xid_catalog=self.xid_catalog,
             repair_actions=self.repair.actions if self.repair else frozenset(),
             validate_with_job=self.validator is not None,
+            capture_logs=self._capture_wait > 0,
         )
         self.sticky_rules = sticky_values.sticky_rule_names(self.rules)
         self._attached: set[int] = set()  # incidents whose findings this pass attached
@@ -185,6 +189,7 @@ class Reconciler:
             holder=self.fence.holder,
             fencing_token=self.fence.token,
             skip_rules=engine_shadow.shadow_rules(self.rules),
+            capture_wait_seconds=self._capture_wait,
         )
 
     def reconcile_all(

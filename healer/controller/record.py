@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -35,6 +35,9 @@ class Recorder:
     fencing_token: int | None = None
     #: Shadow rules: their findings are never hung on an incident (nor a ticket's evidence).
     skip_rules: frozenset[str] = frozenset()
+    #: How long a new ticket waits for the log capture asked of the node agent, seconds, counted
+    #: from the request (``repair.capture_wait_seconds``; 0: tickets are never held).
+    capture_wait_seconds: float = 0.0
 
     def step(
         self,
@@ -113,7 +116,13 @@ class Recorder:
                     template=t.template,
                     findings=evidence,
                     now=now,
+                    hold_until=self._capture_due(incident),
                 )
+        answered = step.memory.capture
+        if answered is not None and answered.get("status") != "requested" and incident is not None:
+            from healer.tickets.outbox import release_held
+
+            release_held(session, incident_id=incident.id, now=now)
         if expect == NodeState.DRAINING and step.to is not None and step.to != NodeState.DRAINING:
             _end_drain(session, node, why=step.reason, now=now)
         if step.to is not None:
@@ -137,6 +146,18 @@ class Recorder:
             outcomes.settle(session, incident, now=now, gpus=gpus)
             incident = None
         rows.incident = incident
+
+    def _capture_due(self, incident: Incident) -> datetime | None:
+        """Until when a new ticket of ``incident`` waits for its log bundle: the capture's request
+        time plus the wait, while the capture is unanswered; None: not held."""
+        capture = incident.capture or {}
+        if self.capture_wait_seconds <= 0 or capture.get("status") != "requested":
+            return None
+        try:
+            asked = datetime.fromisoformat(str(capture.get("requested_at")))
+        except ValueError:
+            return None
+        return asked + timedelta(seconds=self.capture_wait_seconds)
 
     def effects(
         self, session: Session, node: Node, incident: Incident | None, done: Sequence[Done], step: lc.Step
@@ -337,6 +358,7 @@ def _remember(incident: Incident, step: lc.Step) -> None:
     incident.repair_nonce = after.repair_nonce
     incident.validation = after.validation
     incident.release_requested = after.release_requested
+    incident.capture = after.capture
     if step.memory.blocked_step is not None:
         incident.blocked_reason = step.reason
     elif after.blocked_step is None:

@@ -30,6 +30,8 @@ class RepairPublisher:
     secret: bytes
     ttl_seconds: float
     actions: frozenset[str]
+    #: How long a ticket waits for the log capture asked at quarantine, seconds (0: none asked).
+    capture_wait_seconds: float = 0.0
 
     def request(self, node: str, effect: lc.RequestRepair, *, incident: int, now: datetime) -> RepairRequest:
         expires = now + timedelta(seconds=self.ttl_seconds)
@@ -70,6 +72,7 @@ def publisher(settings: Settings) -> RepairPublisher | None:
         secret=secret,
         ttl_seconds=repair.request_ttl_seconds,
         actions=frozenset(repair.actions),
+        capture_wait_seconds=repair.capture_wait_seconds,
     )
 
 

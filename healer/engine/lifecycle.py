@@ -34,6 +34,14 @@ while validating escalate to the next step (``ticket``: the replacement; ``notif
 With validation Jobs on (:class:`StartValidation`), ``validating`` also waits for the Job to pass;
 a failed Job re-opens the incident (a new one, asking for the replacement) with its result.
 
+Log capture: with a node agent configured (``Context.capture_logs``), taking the node out
+(``quarantine``, and a failed validation Job's re-ticket) also publishes a ``capture`` request
+(:class:`RequestRepair` with its own nonce, remembered in the incident's ``capture``); the agent
+answers with the log bundle, which the ``capture answered`` row records in a transition of its own
+(evidence ``{"repair": {"action": "capture", "at", "log_bundle", ...}}``), so a replacement ticket
+not preceded by a reboot carries it too. The ticket outbox holds such a ticket while the capture is
+unanswered, for a bounded time (``healer.controller.record``).
+
 :func:`decide` walks :data:`TABLE`, a list of (states, condition) → step rows, and returns the
 first row's step; the reconciler (``healer.controller.reconcile``) asks :mod:`healer.engine.safety` whether a
 step that touches the node may run, runs its :class:`Effect` values through ``NodeActions`` and
@@ -62,7 +70,7 @@ from healer.engine import ladder as ladders
 from healer.model.drain import DrainOptions, DrainReport
 from healer.model.findings import Finding
 from healer.model.node import NodeView, TaintEffect
-from healer.model.repair import RepairResult
+from healer.model.repair import CAPTURE, RepairResult
 from healer.model.states import FindingState, NodeState, TicketStatus
 from healer.model.validation import ValidationResult
 from healer.ruleset.durations import format_duration
@@ -168,7 +176,8 @@ class Release:
 class RequestRepair:
     """Ask the node agent (or the provider's API) for ``action`` on the node (``gpu`` for a reset):
     a signed request the controller publishes (:mod:`healer.model.repair`); ``nonce`` ties the
-    agent's answer to this ladder step; ``timeout_seconds`` is the step's timeout."""
+    agent's answer to this ladder step; ``timeout_seconds`` is the step's timeout. ``capture``
+    (taking the node out) asks only for the log bundle: no ladder step, no timeout (0)."""
 
     action: str
     gpu: str | None
@@ -244,6 +253,9 @@ class IncidentFacts:
     release_requested: dict[str, object] | None = None
     # The domain incident this incident is part of (healer.engine.correlation), if any.
     domain_id: int | None = None
+    # The log capture asked of the node agent: {"nonce", "requested_at" (ISO 8601), "status"
+    # ("requested" | "succeeded" | "failed" | "refused"), and once answered "answered_at", "reason"}.
+    capture: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +333,7 @@ class Memory:
     repair_nonce: str | None = None
     validation: dict[str, object] | None = None
     release_handled: bool = False  # the operator's release request is acted on: forget it
+    capture: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -380,6 +393,8 @@ class Context:
     repair_actions: frozenset[str] = frozenset()
     #: A validation Job gates every return to service (``validation.enabled``).
     validate_with_job: bool = False
+    #: A node agent answers here: taking a node out also asks it to capture the log bundle.
+    capture_logs: bool = False
 
     def rule(self, name: str | None) -> Rule | None:
         if name is None:
@@ -567,6 +582,9 @@ def _quarantine(facts: NodeFacts, ctx: Context, *, reason: str, row: str, **extr
         event = Event("HealerTainted", f"tainted by rule {rule.name}: {message}")
     effects.append(SetCondition(healthy=False, reason=rule.name, message=message))
     effects.append(event)
+    capture, asked = _capture(facts, ctx)
+    effects += capture
+    memory = replace(memory, capture=asked)
     done = "quarantined (cordoned and tainted)" if quarantine is not None else "tainted (not cordoned)"
     return Step(
         kind=StepKind.QUARANTINE,
@@ -578,6 +596,17 @@ def _quarantine(facts: NodeFacts, ctx: Context, *, reason: str, row: str, **extr
         row=row,
         **extra,  # type: ignore[arg-type]
     )
+
+
+def _capture(facts: NodeFacts, ctx: Context) -> tuple[tuple[Effect, ...], dict[str, object] | None]:
+    """The log capture asked of the node agent as the node is taken out (none without an agent):
+    the request and the incident's ``capture`` memory."""
+    if not ctx.capture_logs:
+        return (), None
+    incident = facts.incident.id if facts.incident else 0
+    nonce = f"{incident}-capture-{int(ctx.now.timestamp())}"
+    asked: dict[str, object] = {"nonce": nonce, "requested_at": ctx.now.isoformat(), "status": "requested"}
+    return (RequestRepair(action=CAPTURE, gpu=None, nonce=nonce, timeout_seconds=0.0),), asked
 
 
 def _ticket_effects(rule: Rule | None) -> tuple[Effect, ...]:
@@ -766,6 +795,57 @@ def _bundle_of(answer: RepairResult) -> dict[str, str]:
     return {"log_bundle": answer.bundle} if answer.bundle else {}
 
 
+def _capture_answer(f: NodeFacts) -> RepairResult | None:
+    """The agent's answer to the incident's log capture, not recorded yet (matched by its nonce:
+    a repair's answer is never taken for it, nor it for a repair's)."""
+    inc, result = f.incident, f.repair_result
+    asked = inc.capture if inc is not None else None
+    if not asked or asked.get("status") != "requested" or result is None:
+        return None
+    return result if result.nonce == asked.get("nonce") else None
+
+
+def _capture_answered(f: NodeFacts, c: Context) -> bool:
+    # Not in the drain pass: its steps are the drain's (the next tick records the answer).
+    return not f.drain_due and f.drain is None and _capture_answer(f) is not None
+
+
+def _captured(f: NodeFacts, c: Context) -> Step:
+    """Record the capture's answer: a transition of its own (the node stays where it is) whose
+    evidence keeps the bundle for the ticket (``healer.tickets.payloads.log_bundle``)."""
+    answer, inc = _capture_answer(f), f.incident
+    assert answer is not None and inc is not None and inc.capture is not None
+    if answer.status == "succeeded" and answer.bundle:
+        reason = "log bundle captured by the node agent for the ticket"
+    else:
+        reason = f"log capture {answer.status} on the node ({answer.reason or 'no reason given'})"
+    return Step(
+        StepKind.RECORD,
+        f.state,
+        reason,
+        evidence={
+            "repair": {
+                "action": CAPTURE,
+                "nonce": answer.nonce,
+                "status": answer.status,
+                "reason": answer.reason,
+                "at": answer.at,
+                **_bundle_of(answer),
+            }
+        },
+        memory=Memory(
+            capture={
+                **inc.capture,
+                "status": answer.status,
+                "answered_at": answer.at,
+                "reason": answer.reason,
+            }
+        ),
+        already_out=True,
+        row="capture answered",
+    )
+
+
 def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
     step, answer = _on_ladder(f), _answer(f)
     assert step is not None and answer is not None
@@ -874,6 +954,7 @@ def _job_failed(f: NodeFacts, c: Context) -> Step:
     reason = f"validation Job {job} failed ({why}): re-opened, asking for a replacement"
     provider = next((t.provider for t in _tickets(rule)), "default") if rule is not None else "default"
     template = next((t.template for t in _tickets(rule)), None) if rule is not None else None
+    capture, asked = _capture(f, c)
     return Step(
         StepKind.TICKET,
         NodeState.AWAITING_REPAIR,
@@ -881,6 +962,7 @@ def _job_failed(f: NodeFacts, c: Context) -> Step:
         effects=(
             CleanupValidation(job=job),
             Event("HealerValidationFailed", reason),
+            *capture,
             RequestTicket(provider=provider, template=template),
         ),
         evidence={"validation": result.evidence()},
@@ -893,6 +975,7 @@ def _job_failed(f: NodeFacts, c: Context) -> Step:
             ladder_started_at=c.now,
             repair_nonce="",
             reset_clear=True,
+            capture=asked,
         ),
         new_incident=True,
         close_incident="failed validation Job after repair",
@@ -1312,6 +1395,7 @@ TABLE: tuple[Row, ...] = (
     Row("operator release", RELEASABLE, _release_requested, _operator_release),
     Row("release request dropped", ANY - RELEASABLE, _release_requested, _stale_release),
     Row("domain repaired", _DOMAIN_HELD, _domain_repaired, _domain_repair_done),
+    Row("capture answered", HELD, _capture_answered, _captured),
     Row(
         "data back",
         _s(NodeState.UNKNOWN),
@@ -1546,6 +1630,7 @@ def remember(incident: IncidentFacts, step: Step) -> IncidentFacts:
         repair_nonce=m.repair_nonce if m.repair_nonce is not None else incident.repair_nonce,
         validation=m.validation if m.validation is not None else incident.validation,
         release_requested=None if m.release_handled else incident.release_requested,
+        capture=m.capture if m.capture is not None else incident.capture,
     )
 
 

@@ -5,8 +5,9 @@ Node it names (healer already patches nodes, so this needs no new RBAC verb); th
 node (a DaemonSet) reads only its own Node, verifies the request and answers in
 ``<domain>/repair-result``. Both are one-line JSON.
 
-Request fields: ``node``, ``action`` (``reset-gpu`` | ``reboot``), ``gpu`` (index, or None for
-a reboot), ``incident``, ``nonce`` (unique per ladder step), ``expires`` (RFC 3339 UTC) and
+Request fields: ``node``, ``action`` (``reset-gpu`` | ``reboot`` | ``capture``: only capture the
+log bundle, for the ticket, changing nothing on the node), ``gpu`` (index, or None for a reboot or
+a capture), ``incident``, ``nonce`` (unique per request), ``expires`` (RFC 3339 UTC) and
 ``signature``: HMAC-SHA256, hex, with the shared secret (a Secret mounted into both) over the
 canonical JSON of the other fields (keys sorted, no blanks), as the provider webhooks sign
 (``healer.tickets.signing``).
@@ -28,8 +29,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-RepairAction = Literal["reset-gpu", "reboot"]
-REPAIR_ACTIONS: tuple[RepairAction, ...] = ("reset-gpu", "reboot")
+RepairAction = Literal["reset-gpu", "reboot", "capture"]
+REPAIR_ACTIONS: tuple[RepairAction, ...] = ("reset-gpu", "reboot", "capture")
+#: The action that only captures the log bundle (at quarantine, for the ticket): nothing is run.
+CAPTURE = "capture"
 ResultStatus = Literal["succeeded", "failed", "refused"]
 
 
@@ -133,7 +136,8 @@ class RepairResult:
     reason: str = ""
     at: str = ""
     output: str = ""
-    #: The log bundle captured before a reboot (gzip + base64; healer.nodeagent.bundle), or "".
+    #: The log bundle captured before a reboot or for a capture (gzip + base64;
+    #: healer.nodeagent.bundle), or "".
     bundle: str = ""
 
     def encode(self) -> str:

@@ -29,7 +29,15 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
 from healer.clock import utc_now
-from healer.model.repair import Refused, RepairRequest, RepairResult, request_key, result_key, verify
+from healer.model.repair import (
+    CAPTURE,
+    Refused,
+    RepairRequest,
+    RepairResult,
+    request_key,
+    result_key,
+    verify,
+)
 from healer.nodeagent.executor import Executor
 
 log = logging.getLogger(__name__)
@@ -45,7 +53,8 @@ class NodeAgent:
     secret: bytes
     executor: Executor
     clock: Callable[[], datetime] = utc_now
-    #: Captures the log bundle before a reboot (gzip + base64; "" when none): request → bundle.
+    #: Captures the log bundle before a reboot or for a capture (gzip + base64; "" when none):
+    #: request → bundle.
     bundler: Callable[[RepairRequest], str] | None = None
     request_timeout_seconds: float = 10.0
     answered: set[str] = field(default_factory=set)  # nonces answered
@@ -87,6 +96,18 @@ class NodeAgent:
             request.incident,
             request.nonce,
         )
+        if request.action == CAPTURE:
+            bundle = self.bundler(request) if self.bundler is not None else ""
+            log.info("node %s: log bundle captured for the ticket (%d bytes)", self.node, len(bundle))
+            result = RepairResult(
+                request.nonce,
+                "succeeded" if bundle else "failed",
+                "log bundle captured" if bundle else "no log bundle captured",
+                now.isoformat(),
+                bundle=bundle,
+            )
+            self._answer(result)
+            return result
         if request.action == "reboot":
             bundle = self.bundler(request) if self.bundler is not None else ""
             if bundle:

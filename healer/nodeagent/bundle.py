@@ -1,4 +1,7 @@
-"""The log bundle the agent captures before a reboot wipes the node's logs.
+"""The log bundle the agent captures before a reboot wipes the node's logs, or for a ticket.
+
+The agent captures it before a ladder reboot and, when healer quarantines the node, for a
+``capture`` request (so a replacement ticket not preceded by a reboot carries it too).
 
 Three parts, each capped (the newest kept where a part is cut, and the cut said in the text):
 
@@ -11,8 +14,8 @@ Three parts, each capped (the newest kept where a part is cut, and the cut said 
 It travels in the agent's answer (the Node annotation ``<domain>/repair-result``, field
 ``bundle``) as gzip then base64, at most :data:`ENCODED_MAX_BYTES` (the kernel log part is halved
 until it fits: Kubernetes caps all of an object's annotations together at 256 KiB). The controller
-keeps it in the repair step's evidence and the replacement ticket that follows carries it
-(``log_bundle`` in the payload, docs/tickets.md).
+keeps it in the repair (or capture) step's evidence and the replacement ticket that follows
+carries the latest (``log_bundle`` in the payload, docs/tickets.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from healer.model.repair import CAPTURE, RepairRequest
 from healer.nodeagent.kmsg import KmsgRecord, KmsgSource, parse_xid
 
 KERNEL_LOG_MAX_BYTES = 192 * 1024
@@ -33,6 +37,14 @@ NVIDIA_SMI_TIMEOUT_SECONDS = 30.0
 ENCODED_MAX_BYTES = 64 * 1024
 
 Runner = Callable[[Sequence[str], float], tuple[int, str]]
+
+
+def bundle_reason(request: RepairRequest) -> str:
+    """What the bundle is captured before, for its first line: ``reboot for incident 12``, or
+    ``the ticket for incident 12`` for a capture."""
+    if request.action == CAPTURE:
+        return f"the ticket for incident {request.incident}"
+    return f"{request.action} for incident {request.incident}"
 
 
 def run_command(argv: Sequence[str], timeout: float) -> tuple[int, str]:

@@ -142,6 +142,10 @@ class Incident(Base):
     repair_nonce: Mapped[str | None] = mapped_column(String(100), default=None)
     # The validation Job before return: {"job", "status", "result"} (the result kept after cleanup).
     validation: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    # The log capture asked of the node agent as the node was taken out (healer.engine.lifecycle):
+    # {"nonce", "requested_at", "status" (requested|succeeded|failed|refused), "answered_at", "reason"};
+    # a replacement ticket waits for its answer a bounded time (repair.capture_wait_seconds).
+    capture: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     # An operator's release waiting for the controller: {"actor", "reason", "at"}; written by
     # healer.operations (the input), cleared by the controller's step that acts on it.
     release_requested: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)

@@ -111,6 +111,8 @@ def ledger(session: Session, *, since: datetime) -> Ledger:
         .where(
             Transition.at >= since,
             Transition.to_state.in_([NodeState.QUARANTINED.value, NodeState.REPAIRED.value]),
+            # a step recorded in place (a log capture's answer) is no new failure
+            Transition.from_state != Transition.to_state,
         )
         .order_by(Transition.at, Transition.id)
     ).all()

@@ -20,7 +20,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from healer.model.findings import Finding
@@ -102,9 +102,11 @@ def pending_message(session: Session, ticket: Ticket) -> OutboxMessage | None:
     )
 
 
-def queue(session: Session, ticket: Ticket, *, key: str, now: datetime) -> OutboxMessage:
-    """Add a pending outbox message for ``ticket`` under ``key``, due at ``now`` (rendered at
-    delivery). Never commits."""
+def queue(
+    session: Session, ticket: Ticket, *, key: str, now: datetime, due: datetime | None = None
+) -> OutboxMessage:
+    """Add a pending outbox message for ``ticket`` under ``key``, due at ``now`` (or at ``due``
+    when later: a ticket held for its log bundle), rendered at delivery. Never commits."""
     message = OutboxMessage(
         ticket_id=ticket.id,
         provider=ticket.provider,
@@ -112,7 +114,7 @@ def queue(session: Session, ticket: Ticket, *, key: str, now: datetime) -> Outbo
         body="",
         status=OutboxStatus.PENDING,
         attempts=0,
-        next_attempt_at=now,
+        next_attempt_at=max(now, due) if due is not None else now,
         created_at=now,
     )
     session.add(message)
@@ -128,6 +130,7 @@ def request_ticket(
     template: str | None,
     findings: list[Finding],
     now: datetime,
+    hold_until: datetime | None = None,
 ) -> Ticket:
     """Ask ``provider`` to repair ``node`` for ``incident``, listing ``findings``. Never commits.
 
@@ -143,6 +146,9 @@ def request_ticket(
     ``template`` is the rule's template override (a name: a built-in such as ``slack.json.j2`` or a
     file in ``tickets.templates_dir``); ``None`` uses the provider's. Whether the ticket escalates
     (a repeat offender) is decided at delivery, against the settings' ``repeat_window_days``.
+
+    ``hold_until``: a new ticket's message is not due before then (the node agent's log bundle is
+    on its way; :func:`release_held` makes it due once it is recorded).
     """
     records = [finding_record(f) for f in findings]
     ticket = get_ticket(session, incident_id=incident.id, provider=provider)
@@ -166,7 +172,7 @@ def request_ticket(
         return ticket
 
     key = ticket_key(incident.id, provider)
-    ticket = _new_ticket(session, incident, node, provider, key, records, template, now=now)
+    ticket = _new_ticket(session, incident, node, provider, key, records, template, now=now, due=hold_until)
     log.info("ticket %s requested from %s for node %s", key, provider, node.name)
     return ticket
 
@@ -182,11 +188,12 @@ def _new_ticket(
     *,
     now: datetime,
     audit: dict[str, Any] | None = None,
+    due: datetime | None = None,
     **columns: Any,
 ) -> Ticket:
     """A ``pending`` ticket (created ``now``, with more ``columns``), its outbox message, due at
-    ``now``, and its ``ticket`` audit row: on the node and incident, or with ``audit`` added to its
-    detail and on neither (a domain's ticket)."""
+    ``now`` (or ``due`` when later), and its ``ticket`` audit row: on the node and incident, or
+    with ``audit`` added to its detail and on neither (a domain's ticket)."""
     ticket = Ticket(
         incident_id=incident.id,
         node_id=node.id,
@@ -202,7 +209,7 @@ def _new_ticket(
     )
     session.add(ticket)
     session.flush()
-    queue(session, ticket, key=key, now=now)
+    queue(session, ticket, key=key, now=now, due=due)
     repo.record_action(
         session,
         kind="ticket",
@@ -260,3 +267,21 @@ def request_domain_ticket(
     )
     log.info("ticket %s requested from %s for %s %s", key, provider, domain.kind, domain.name)
     return ticket
+
+
+def release_held(session: Session, *, incident_id: int, now: datetime) -> int:
+    """Make the incident's tickets held for its log bundle due at ``now`` (their messages still
+    pending, never attempted, due later). Never commits; returns how many were released."""
+    tickets = select(Ticket.id).where(Ticket.incident_id == incident_id)
+    result = session.execute(
+        update(OutboxMessage)
+        .where(
+            OutboxMessage.ticket_id.in_(tickets),
+            OutboxMessage.status == OutboxStatus.PENDING,
+            OutboxMessage.attempts == 0,
+            OutboxMessage.next_attempt_at > now,
+        )
+        .values(next_attempt_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -22,9 +22,13 @@ The context (payload version :data:`~healer.tickets.templates.PAYLOAD_VERSION`):
     rules             sorted rule names
     drain             null, or when the node's drain is blocked: {"blocked_pods": [...],
                       "budgets": [...] (PodDisruptionBudgets "namespace/name"), "refused": {pod: why}}
-    log_bundle        null, or the logs the node agent captured before the incident's reboot:
+    log_bundle        null, or the latest logs the node agent captured for the incident, when
+                      healer quarantined the node ("capture") or before a reboot:
                       {"action", "captured_at", "text"} (kernel log since boot, Xid lines,
                       nvidia-smi -q; at most 256 KiB)
+    log_bundle_note   null, or why ``log_bundle`` is null though a capture was asked: "the node
+                      agent did not answer the log capture asked at <time>", or "the node agent
+                      <refused|failed> the log capture: <reason>"
     escalated         bool
     escalation        {"escalated", "window_days", "reason", "previous": [{"kind": "node"|"gpu",
                        "gpu", "incident_id", "node", "closed_at", "close_reason"}]}
@@ -202,9 +206,9 @@ def blocked_drain(session: Session, incident: Incident) -> dict[str, Any] | None
 
 
 def log_bundle(session: Session, incident: Incident) -> dict[str, Any] | None:
-    """The log bundle the node agent captured before this incident's latest reboot (or other
-    repair), as ``{"action", "captured_at", "text"}``; None when it captured none. The text is at
-    most 256 KiB (healer.nodeagent.bundle caps it)."""
+    """The latest log bundle the node agent captured for this incident (at quarantine, or before
+    a reboot or other repair), as ``{"action", "captured_at", "text"}``; None when it captured
+    none. The text is at most 256 KiB (healer.nodeagent.bundle caps it)."""
     rows = session.scalars(
         select(Transition)
         .where(Transition.incident_id == incident.id)
@@ -220,6 +224,20 @@ def log_bundle(session: Session, incident: Incident) -> dict[str, Any] | None:
             text = f"(the bundle kept for this repair cannot be read: {exc})"
         return {"action": repair.get("action"), "captured_at": repair.get("at"), "text": text}
     return None
+
+
+def log_bundle_note(incident: Incident, bundle: dict[str, Any] | None) -> str | None:
+    """Why the ticket goes without a log bundle though one was asked of the node agent (the
+    incident's ``capture``); None when it has one or none was asked."""
+    capture = incident.capture or {}
+    if bundle is not None or not capture:
+        return None
+    status = capture.get("status")
+    if status == "requested":
+        return f"the node agent did not answer the log capture asked at {capture.get('requested_at')}"
+    if status == "succeeded":
+        return "the node agent captured no log bundle"
+    return f"the node agent {status} the log capture: {capture.get('reason') or 'no reason given'}"
 
 
 def build_context(
@@ -255,6 +273,7 @@ def build_context(
             f"{domain['size']} node(s) failing together ({', '.join(rules) or 'unhealthy'})"
         )
         lines.insert(0, f"nodes: {', '.join(domain['nodes'])}")
+    bundle = log_bundle(session, incident)
     drain = blocked_drain(session, incident)
     if drain is not None:
         lines.append(
@@ -290,7 +309,8 @@ def build_context(
         "findings": findings,
         "rules": rules,
         "drain": drain,
-        "log_bundle": log_bundle(session, incident),
+        "log_bundle": bundle,
+        "log_bundle_note": log_bundle_note(incident, bundle),
         "escalated": bool(escalation.get("escalated")),
         "escalation": escalation,
         "domain": domain,

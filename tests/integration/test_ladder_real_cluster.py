@@ -5,12 +5,14 @@ commands; tickets land in the outbox. Findings are given per tick (detection is 
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
@@ -19,19 +21,29 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.validation import ValidationJobs
-from healer.config import KubernetesSettings, RepairSettings, SafetySettings, Settings, ValidationSettings
-from healer.controller import remediate
+from healer.config import (
+    KubernetesSettings,
+    ProviderSettings,
+    RepairSettings,
+    SafetySettings,
+    Settings,
+    TicketSettings,
+    ValidationSettings,
+)
+from healer.controller import advance_drains, remediate
 from healer.model.findings import Finding, TickFindings
-from healer.model.repair import RepairRequest, RepairResult, request_key, result_key
+from healer.model.repair import RepairRequest, RepairResult, decode_bundle, request_key, result_key
 from healer.model.states import FindingState, NodeState
 from healer.nodeagent.agent import NodeAgent
-from healer.nodeagent.bundle import Capture
+from healer.nodeagent.bundle import Capture, bundle_reason
 from healer.nodeagent.executor import CommandExecutor
 from healer.nodeagent.kmsg import KmsgFile
 from healer.ruleset.schema import Rule, RuleGroup, RuleSet
 from healer.store.models import Node, Ticket, Transition
 from healer.tickets import payloads
+from healer.tickets.delivery import deliver_due
 from healer_dev.agent_fixture import AgentFixture
+from healer_dev.provider import Receiver
 from tests.helm import NAMESPACE, rendered_objects, require_helm
 from tests.integration.test_api_support import VIEWER_TOKEN, build_app, http_client, make_settings
 from tests.kube_cluster import ControlPlane
@@ -116,7 +128,7 @@ def make_agent(
         smi = ["sh", "-c", "echo '==============NVSMI LOG=============='; echo 'Driver Version : 570.133.20'"]
         agent.bundler = lambda r: Capture(
             node=node,
-            why=f"{r.action} for incident {r.incident}",
+            why=bundle_reason(r),
             kmsg=KmsgFile(kmsg),
             nvidia_smi=smi,
             at="t",
@@ -190,8 +202,12 @@ class Ladder:
         sessions: sessionmaker[Session],
         tmp: Path,
         validator: ValidationJobs | None = None,
+        *,
+        rules: RuleSet = RULES,
+        tickets: TicketSettings | None = None,
     ) -> None:
         self.validator = validator
+        self.rules = rules
         self.sessions = sessions
         self.agent_api = agent_api
         self.tmp = tmp
@@ -203,6 +219,7 @@ class Ladder:
                 secret_env=SECRET_ENV,
                 xid_catalog=REPO / "rules" / "catalog" / "xid-catalog.yaml",
             ),
+            tickets=tickets or TicketSettings(),
         )
         self.actions = KubernetesNodeActions(api, K8S, identity="healer-0", clock=lambda: T0)
         self.now = T0
@@ -214,7 +231,7 @@ class Ladder:
             by_node.setdefault(f.node, []).append(f)
         remediate(
             findings=TickFindings(at=at, firing=by_node),
-            rules=RULES,
+            rules=self.rules,
             actions=self.actions,
             session_factory=self.sessions,
             settings=self.settings,
@@ -222,6 +239,29 @@ class Ladder:
             recovery_hold_seconds=HOLD,
             validator=self.validator,
         )
+
+    def drains(self, at: datetime) -> None:
+        """The drain pass at ``at``."""
+        self.now = at
+        advance_drains(
+            rules=self.rules,
+            actions=self.actions,
+            session_factory=self.sessions,
+            settings=self.settings,
+            now=at,
+        )
+
+    def deliver(self, at: datetime) -> list[str]:
+        """The ticket outbox's delivery job at ``at``: what it did with each message due."""
+        with httpx.Client() as client:
+            report = deliver_due(
+                session_factory=self.sessions,
+                settings=self.settings,
+                now=at,
+                client=client,
+                rng=random.Random(1),
+            )
+        return [o.result for o in report.outcomes]
 
     def agent(self, node: str, *, exit_code: int = 0, kmsg: Path | None = None) -> RepairResult | None:
         log = self.tmp / f"{node}.log"
@@ -278,27 +318,55 @@ def ladder(
     return Ladder(kube_healer_api, agent_api, session_factory, tmp_path)
 
 
-def xid(node: str, code: int, *, uuid: str = "GPU-1111", at: datetime = T0) -> Finding:
-    labels = {"Hostname": node, "gpu": "3", "UUID": uuid, "xid": str(code)}
+def firing(
+    node: str, rule: str, *, gpu: str, labels: dict[str, str], unit: str, summary: str, at: datetime = T0
+) -> Finding:
+    """``rule``'s finding firing since ``at`` on GPU ``gpu`` of ``node`` (its series ``labels``)."""
+    labels = {"Hostname": node, "gpu": gpu, **labels}
     key = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return Finding(
-        rule="GpuFatalXidRecent",
-        series_key=f"GpuFatalXidRecent{{{key}}}",
+        rule=rule,
+        series_key=f"{rule}{{{key}}}",
         node=node,
-        gpu="3",
+        gpu=gpu,
         state=FindingState.FIRING,
         severity="critical",
         value=1.0,
-        unit="Xids in the exporter's window",
+        unit=unit,
         labels=labels,
-        summary=f"GPU 3 reported Xid {code}",
+        summary=summary,
         active_since=at,
         fired_at=at,
     )
 
 
+def xid(node: str, code: int, *, uuid: str = "GPU-1111", at: datetime = T0) -> Finding:
+    return firing(
+        node,
+        "GpuFatalXidRecent",
+        gpu="3",
+        labels={"UUID": uuid, "xid": str(code)},
+        unit="Xids in the exporter's window",
+        summary=f"GPU 3 reported Xid {code}",
+        at=at,
+    )
+
+
 def node_obj(admin: k8s.CoreV1Api, name: str) -> Any:
     return admin.read_node(name)
+
+
+def requested(admin: k8s.CoreV1Api, name: str) -> str:
+    """The request healer published on Node ``name`` (signed JSON)."""
+    return str((node_obj(admin, name).metadata.annotations or {})[request_key(DOMAIN)])
+
+
+def kernel_log(root: Path, gpu: int, code: int, text: str, *, usec: int) -> Path:
+    """A node's kernel log (a file of /dev/kmsg records) under ``root``, with one Xid line."""
+    node = AgentFixture(root)
+    node.root.mkdir()
+    node.log_xid(gpu, code, text, usec=usec)
+    return node.kmsg
 
 
 def test_reset_class_xid_is_reset_by_the_agent_and_returns_after_validation_without_a_ticket(
@@ -337,13 +405,11 @@ def test_a_reset_that_does_not_clear_escalates_to_reboot_then_ticket(
     t1 = T0 + timedelta(minutes=2)
     ladder.tick(t1, xid(name, 48, at=t1))
     assert ladder.state(name) == NodeState.AWAITING_REPAIR
-    raw = (node_obj(admin, name).metadata.annotations or {})[request_key(DOMAIN)]
+    raw = requested(admin, name)
     assert '"action":"reboot"' in raw
     # Before rebooting, the agent keeps the node's logs: the reboot would wipe them.
-    node_log = AgentFixture(ladder.tmp / "node")
-    node_log.root.mkdir()
-    node_log.log_xid(3, 48, "An uncorrectable double bit error (DBE) has been detected", usec=7_000_000)
-    result = ladder.agent(name, kmsg=node_log.kmsg)
+    dbe = "An uncorrectable double bit error (DBE) has been detected"
+    result = ladder.agent(name, kmsg=kernel_log(ladder.tmp / "node", 3, 48, dbe, usec=7_000_000))
     assert result is not None and result.status == "succeeded" and result.reason == "reboot started"
     assert result.bundle
     assert ladder.commands(name) == ["reset 3", "reboot"]
@@ -373,7 +439,7 @@ def test_an_agent_that_fails_the_reset_escalates_at_once(
     result = ladder.agent(name, exit_code=3)
     assert result is not None and result.status == "failed" and "exit 3" in result.output
     ladder.tick(T0 + timedelta(minutes=1), xid(name, 48))
-    raw = (node_obj(admin, name).metadata.annotations or {})[request_key(DOMAIN)]
+    raw = requested(admin, name)
     assert '"action":"reboot"' in raw
 
 
@@ -392,7 +458,9 @@ def test_a_gpu_that_failed_on_node_a_goes_straight_to_replacement_on_node_b(
     ladder.tick(t, xid(b, 48, uuid="GPU-moved", at=t))
     assert ladder.state(b) == NodeState.AWAITING_REPAIR
     assert ladder.tickets() == [(b, "acme")]
-    assert request_key(DOMAIN) not in (node_obj(admin, b).metadata.annotations or {})
+    # No repair asked of b's agent: only the log capture for the ticket, as it was quarantined.
+    raw = requested(admin, b)
+    assert '"action":"capture"' in raw
     assert any("GPU-moved failed before after a repair" in r for r in ladder.reasons(b))
     with ladder.sessions() as s:
         assert s.scalar(select(func.count()).select_from(Ticket)) == 1
@@ -554,4 +622,139 @@ def test_a_failed_validation_job_reopens_the_incident_with_its_evidence(
         ).all()
     assert any(
         (e or {}).get("validation", {}).get("result", {}).get("failed_test") == "memtest" for e in evidence
+    )
+
+
+# --- the log bundle captured at quarantine, for a ticket no reboot precedes --------------------------
+
+PROVIDER_SECRET = "acme-webhook-secret-0123456789"
+PROVIDER_SECRET_ENV = "HEALER_TEST_ACME_SECRET"
+#: A rule with no ladder: quarantine, drain, then the replacement ticket (no reboot before it).
+ROW_REMAP = RuleSet(
+    groups=(
+        RuleGroup(
+            name="gpu-memory",
+            rules=[
+                Rule(
+                    name="GpuRowRemapFailed",
+                    expr="DCGM_FI_DEV_ROW_REMAP_FAILURE > 0",
+                    actions=["quarantine", "drain", {"ticket": {"provider": "acme"}}],
+                ),
+            ],
+        ),
+    )
+)
+
+
+def row_remap(node: str) -> Finding:
+    return firing(
+        node,
+        "GpuRowRemapFailed",
+        gpu="2",
+        labels={"UUID": "GPU-2222"},
+        unit="rows",
+        summary="GPU 2 failed to remap a row",
+    )
+
+
+@pytest.fixture
+def provider() -> Iterator[Receiver]:
+    with Receiver(secret=PROVIDER_SECRET.encode()) as rcv:
+        yield rcv
+
+
+@pytest.fixture
+def capturing(
+    kube_healer_api: ApiClient,
+    agent_api: ApiClient,
+    session_factory: sessionmaker[Session],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: Receiver,
+) -> Ladder:
+    """The controller with a node agent configured (repair.actions) and the provider ``acme`` at
+    the stand-in receiver; the rule quarantines, drains and asks for its ticket."""
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    monkeypatch.setenv(PROVIDER_SECRET_ENV, PROVIDER_SECRET)
+    tickets = TicketSettings(
+        cluster_name="test",
+        dashboard_url="http://healer.test",
+        providers=[
+            ProviderSettings(name="acme", url=f"{provider.url}/intake", secret_env=PROVIDER_SECRET_ENV)
+        ],
+    )
+    return Ladder(kube_healer_api, agent_api, session_factory, tmp_path, rules=ROW_REMAP, tickets=tickets)
+
+
+def test_the_agent_answers_a_capture_with_the_bundle_and_runs_nothing(
+    kube: ControlPlane, admin: k8s.CoreV1Api, agent_api: ApiClient, tmp_path: Path
+) -> None:
+    name = unique("agent-capture")
+    kube.add_nodes([name])
+    kmsg = kernel_log(tmp_path / "node", 2, 94, "Contained ECC error", usec=5_000_000)
+    log = tmp_path / "commands.log"
+    agent = make_agent(agent_api, name, log, kmsg=kmsg)
+    at = (datetime.now(UTC) + timedelta(minutes=10)).isoformat()
+    put(admin, name, RepairRequest(name, "capture", None, 9, "9-capture-1", at).signed(SECRET))
+    result = agent.once()
+    assert result is not None and result.status == "succeeded" and result.reason == "log bundle captured"
+    seen = answer(admin, name)
+    assert seen is not None and seen.nonce == "9-capture-1" and seen.bundle == result.bundle
+    text = decode_bundle(seen.bundle)
+    assert f"healer log bundle: node {name}, captured t before the ticket for incident 9" in text
+    assert "NVRM: Xid (PCI:" in text and "): 94, Contained ECC error" in text
+    assert "Driver Version : 570.133.20" in text
+    assert not log.exists()  # no command: nothing on the node changed
+
+
+def test_a_replacement_ticket_without_a_reboot_carries_the_bundle_captured_at_quarantine(
+    kube: ControlPlane, admin: k8s.CoreV1Api, capturing: Ladder, provider: Receiver
+) -> None:
+    name = unique("capture")
+    kube.add_nodes([name])
+    capturing.tick(T0, row_remap(name))  # quarantined (the capture asked), draining
+    assert capturing.state(name) == NodeState.DRAINING
+    raw = requested(admin, name)
+    assert '"action":"capture"' in raw
+    kmsg = kernel_log(capturing.tmp / "node", 2, 63, "Row remapping failed", usec=9_000_000)
+    result = capturing.agent(name, kmsg=kmsg)
+    assert result is not None and result.status == "succeeded" and result.bundle
+    # The drain finishes before the next tick has read the answer: the ticket waits for it.
+    capturing.drains(T0 + timedelta(seconds=10))
+    assert capturing.state(name) == NodeState.AWAITING_REPAIR
+    assert capturing.tickets() == [(name, "acme")]
+    assert capturing.deliver(T0 + timedelta(seconds=11)) == []
+    # The next tick records the answer, with its bundle, and the ticket goes at once.
+    capturing.tick(T0 + timedelta(seconds=20), row_remap(name))
+    assert "log bundle captured by the node agent for the ticket" in capturing.reasons(name)
+    assert capturing.deliver(T0 + timedelta(seconds=21)) == ["delivered"]
+    (received,) = provider.requests
+    payload = received.json
+    assert received.signature == "ok"
+    assert payload["log_bundle"]["action"] == "capture"
+    assert payload["log_bundle_note"] is None
+    text = payload["log_bundle"]["text"]
+    assert f"healer log bundle: node {name}, captured t before the ticket for incident " in text
+    assert "NVRM: Xid (PCI:" in text and "): 63, Row remapping failed" in text
+    assert "Driver Version : 570.133.20" in text
+    assert capturing.commands(name) == []  # the agent ran nothing
+
+
+def test_a_ticket_whose_capture_is_never_answered_goes_after_the_wait_without_a_bundle(
+    kube: ControlPlane, admin: k8s.CoreV1Api, capturing: Ladder, provider: Receiver
+) -> None:
+    name = unique("capture-late")
+    kube.add_nodes([name])
+    capturing.tick(T0, row_remap(name))
+    capturing.drains(T0 + timedelta(seconds=10))
+    assert capturing.tickets() == [(name, "acme")]
+    # No agent answers: held until the wait (60 s from the request) is over, then sent as is.
+    assert capturing.deliver(T0 + timedelta(seconds=59)) == []
+    capturing.tick(T0 + timedelta(seconds=30), row_remap(name))
+    assert capturing.deliver(T0 + timedelta(seconds=60)) == ["delivered"]
+    (received,) = provider.requests
+    payload = received.json
+    assert payload["log_bundle"] is None
+    assert payload["log_bundle_note"] == (
+        f"the node agent did not answer the log capture asked at {T0.isoformat()}"
     )

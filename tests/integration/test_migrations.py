@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Connection, Engine, insert, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -77,20 +77,32 @@ def test_cli_db_upgrade_creates_the_schema(db_url: str, monkeypatch: pytest.Monk
         engine.dispose()
 
 
+def _columns(url: str, table: str) -> set[str]:
+    """The columns of ``table`` in the database at ``url`` as it is now."""
+    from healer.store.session import make_engine
+
+    engine = make_engine(url)
+    try:
+        return {c["name"] for c in inspect(engine).get_columns(table)}
+    finally:
+        engine.dispose()
+
+
+def _add_node(conn: Connection, state: str, now: datetime) -> None:
+    """Node ``n1`` (id 1) in ``state`` since ``now``."""
+    conn.execute(insert(Node).values(name="n1", state=state, state_since=now, created_at=now, updated_at=now))
+
+
 def test_fencing_columns_come_and_go_with_their_migration(migrated_db_url: str) -> None:
     from alembic import command
-    from sqlalchemy import insert, select
+    from sqlalchemy import select
 
     from healer.store import migrate
     from healer.store.models import Transition
     from healer.store.session import make_engine
 
     def columns(table: str) -> set[str]:
-        engine = make_engine(migrated_db_url)
-        try:
-            return {c["name"] for c in inspect(engine).get_columns(table)}
-        finally:
-            engine.dispose()
+        return _columns(migrated_db_url, table)
 
     assert {"holder", "fencing_token"} <= columns("transitions") and "intent" in columns("nodes")
     command.downgrade(migrate.alembic_config(migrated_db_url), "0001")
@@ -100,11 +112,7 @@ def test_fencing_columns_come_and_go_with_their_migration(migrated_db_url: str) 
     engine = make_engine(migrated_db_url)
     try:
         with engine.begin() as conn:
-            conn.execute(
-                insert(Node).values(
-                    name="n1", state="healthy", state_since=now, created_at=now, updated_at=now
-                )
-            )
+            _add_node(conn, "healthy", now)
             conn.execute(
                 insert(Transition).values(
                     node_id=1,
@@ -121,5 +129,28 @@ def test_fencing_columns_come_and_go_with_their_migration(migrated_db_url: str) 
                 "healer-b",
                 2**40,
             )
+    finally:
+        engine.dispose()
+
+
+def test_the_incident_capture_column_comes_and_goes_with_its_migration(migrated_db_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import select
+
+    from healer.store.session import make_engine
+
+    assert "capture" in _columns(migrated_db_url, "incidents")
+    command.downgrade(migrate.alembic_config(migrated_db_url), "0008_outcomes")
+    before = _columns(migrated_db_url, "incidents")
+    assert "capture" not in before and "gpus" in before
+    migrate.upgrade(migrated_db_url)
+    now = datetime(2026, 12, 4, tzinfo=UTC)
+    asked = {"nonce": "1-capture-1", "requested_at": now.isoformat(), "status": "requested"}
+    engine = make_engine(migrated_db_url)
+    try:
+        with engine.begin() as conn:
+            _add_node(conn, "quarantined", now)
+            conn.execute(insert(Incident).values(node_id=1, opened_at=now, capture=asked))
+            assert conn.execute(select(Incident.capture)).scalar_one() == asked
     finally:
         engine.dispose()
