@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, event, insert, select, update
+from sqlalchemy import Table, bindparam, case, event, insert, select, update
 from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -67,10 +67,19 @@ _ATTACH_FINDINGS_SKIPPING = _ATTACH_FINDINGS.where(
 # connection (no ORM bookkeeping: the caller's row object takes the values written through
 # ``set_committed_value``, and nobody reads the transition row's id back).
 _NODES, _TRANSITIONS, _ACTIONS = (cast(Table, m.__table__) for m in (Node, Transition, Action))
+# ``state_since`` is when the node entered its state: a step that records something in place (a
+# ladder step while awaiting repair, a log capture's answer) keeps it, so "awaiting repair for 3 h"
+# still counts from when the node began to wait.
 _MOVE_IF = (
     update(_NODES)
     .where(_NODES.c.id == bindparam("b_id"), _NODES.c.state == bindparam("b_expect"))
-    .values(state=bindparam("b_state"), state_since=bindparam("b_at"), updated_at=bindparam("b_at"))
+    .values(
+        state=bindparam("b_state"),
+        state_since=case(
+            (_NODES.c.state == bindparam("b_state"), _NODES.c.state_since), else_=bindparam("b_at")
+        ),
+        updated_at=bindparam("b_at"),
+    )
 )
 # The same, clearing the step's intent in the same statement.
 _MOVE_IF_CLEARING = _MOVE_IF.values(intent=bindparam("b_intent"))
@@ -208,8 +217,9 @@ def transition(
     else:
         if clear_intent:
             node.intent = None
+        if node.state != str(to_state):
+            node.state_since = now  # kept by a step in place, as :func:`move` keeps it
         node.state = str(to_state)
-        node.state_since = now
         node.updated_at = now
     _deferred(session, _INSERT_TRANSITION).append(
         {
@@ -250,8 +260,9 @@ def move(
         raise StaleState(f"node {node.name}: no longer {expect} (the step to {to_state} is not recorded)")
     # The compare-and-set UPDATE wrote these columns: the in-memory row takes them as loaded, so
     # the flush does not send the same UPDATE a second time.
+    if str(to_state) != str(expect):
+        set_committed_value(node, "state_since", now)
     set_committed_value(node, "state", str(to_state))
-    set_committed_value(node, "state_since", now)
     set_committed_value(node, "updated_at", now)
     if clear_intent:
         set_committed_value(node, "intent", None)

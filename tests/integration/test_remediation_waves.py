@@ -179,3 +179,51 @@ def test_transition_and_audit_rows_are_read_back_in_their_transaction_and_go_wit
             "quarantined",
         ]
         assert s.scalars(select(Action.kind)).all() == ["cordon"]
+
+
+def test_a_step_in_place_keeps_when_the_node_entered_its_state(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """A transition that records something without moving the node (a ladder step while awaiting
+    repair, a log capture's answer) keeps ``state_since``: "awaiting repair for 2 h" and the
+    dashboard's overdue flag still count from when the node began to wait."""
+    waiting, later, returned = T0, T0 + timedelta(hours=2), T0 + timedelta(hours=3)
+    with transaction(session_factory) as s:
+        node = repo.get_or_create_node(s, "gpu-01", now=T0)
+        repo.transition(s, node, NodeState.AWAITING_REPAIR, now=waiting, actor="healer", reason="ticket")
+    with transaction(session_factory) as s:  # the compare-and-set path (the controller's)
+        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
+        repo.transition(
+            s,
+            node,
+            NodeState.AWAITING_REPAIR,
+            now=later,
+            actor="healer",
+            reason="capture",
+            expect="awaiting_repair",
+        )
+        assert node.state_since == waiting
+    with transaction(session_factory) as s:  # the plain path (the CLI's)
+        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
+        repo.transition(s, node, NodeState.AWAITING_REPAIR, now=later, actor="sre", reason="note")
+    with session_factory() as s:
+        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
+        assert (node.state_since, node.updated_at) == (waiting, later)
+    with transaction(session_factory) as s:
+        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
+        repo.transition(
+            s,
+            node,
+            NodeState.VALIDATING,
+            now=returned,
+            actor="healer",
+            reason="repaired",
+            expect="awaiting_repair",
+        )
+    with session_factory() as s:
+        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
+        assert node.state_since == returned
+        steps = s.scalars(
+            select(Transition.to_state).where(Transition.node_id == node.id).order_by(Transition.id)
+        )
+        assert steps.all() == ["awaiting_repair", "awaiting_repair", "awaiting_repair", "validating"]
