@@ -136,7 +136,7 @@ class RepairResult:
     reason: str = ""
     at: str = ""
     output: str = ""
-    #: The log bundle captured before a reboot or for a capture (gzip + base64;
+    #: The log bundle captured before a reboot or a GPU reset, or for a capture (gzip + base64;
     #: healer.nodeagent.bundle), or "".
     bundle: str = ""
 

@@ -53,7 +53,8 @@ class NodeAgent:
     secret: bytes
     executor: Executor
     clock: Callable[[], datetime] = utc_now
-    #: Captures the log bundle before a reboot or for a capture (gzip + base64; "" when none):
+    #: Captures the log bundle before a reboot or a GPU reset, or for a capture (gzip + base64;
+    #: "" when none):
     #: request → bundle.
     bundler: Callable[[RepairRequest], str] | None = None
     request_timeout_seconds: float = 10.0
@@ -118,6 +119,11 @@ class NodeAgent:
             self._answer(result)
             self.executor.run(request)
             return result
+        # A GPU reset's answer carries a bundle too, captured before the reset: the request that
+        # asks for it can replace the quarantine's capture request on the Node before this agent
+        # read that one (one request annotation per node), and the ticket after a failed reset
+        # would go without any.
+        bundle = self.bundler(request) if self.bundler is not None and request.action == "reset-gpu" else ""
         outcome = self.executor.run(request)
         result = RepairResult(
             nonce=request.nonce,
@@ -125,6 +131,7 @@ class NodeAgent:
             reason=f"{request.action} {'done' if outcome.ok else 'failed'}",
             at=self.clock().isoformat(),
             output=outcome.output,
+            bundle=bundle,
         )
         self._answer(result)
         return result

@@ -707,6 +707,27 @@ def test_the_agent_answers_a_capture_with_the_bundle_and_runs_nothing(
     assert not log.exists()  # no command: nothing on the node changed
 
 
+def test_a_gpu_reset_is_answered_with_the_bundle_captured_before_it(
+    kube: ControlPlane, admin: k8s.CoreV1Api, agent_api: ApiClient, tmp_path: Path
+) -> None:
+    """The reset's request can replace the quarantine's capture request on the Node before the
+    agent read it: the reset's own answer carries the logs from before the reset."""
+    name = unique("agent-reset")
+    kube.add_nodes([name])
+    kmsg = kernel_log(tmp_path / "node", 2, 94, "Contained ECC error", usec=5_000_000)
+    log = tmp_path / "commands.log"
+    agent = make_agent(agent_api, name, log, kmsg=kmsg)
+    put(admin, name, request(name, nonce="7-0-9").signed(SECRET))
+    result = agent.once()
+    assert result is not None and result.status == "succeeded" and result.reason == "reset-gpu done"
+    assert log.read_text() == "reset 3\n"
+    seen = answer(admin, name)
+    assert seen is not None and seen.nonce == "7-0-9" and seen.bundle == result.bundle
+    text = decode_bundle(seen.bundle)
+    assert f"healer log bundle: node {name}, captured t before reset-gpu for incident 7" in text
+    assert "): 94, Contained ECC error" in text
+
+
 def test_a_replacement_ticket_without_a_reboot_carries_the_bundle_captured_at_quarantine(
     kube: ControlPlane, admin: k8s.CoreV1Api, capturing: Ladder, provider: Receiver
 ) -> None:
