@@ -121,13 +121,18 @@ class ApiProxy:
             )
 
     def lists(self, path: str) -> int:
-        """How many LIST requests (a GET of ``path`` without ``watch``) the proxy has seen."""
+        """How many LISTs (a GET of ``path`` without ``watch``) the proxy has seen; a LIST's later
+        pages (a GET with ``continue``) are the same LIST."""
+        return sum(1 for full in self.list_pages(path) if "continue=" not in full)
+
+    def list_pages(self, path: str) -> list[str]:
+        """Every GET of ``path`` without ``watch`` the proxy has seen (each page of each LIST), as sent."""
         with self._lock:
-            return sum(
-                1
+            return [
+                full
                 for method, full in self.requests
                 if method == "GET" and full.split("?")[0] == path and "watch=true" not in full
-            )
+            ]
 
     def cut(self) -> int:
         """Close every answer being streamed now (open watches end as a dropped connection

@@ -17,7 +17,8 @@ a bookmark or a new watch) at least that often. :meth:`Watch.items` answers None
 lists instead, while the store is not synced or nothing was heard for ``stale_seconds`` (a watch
 stuck on a half-open connection); the thread then drops the connection and lists again.
 
-Memory: each object is kept trimmed to the fields healer reads (each kind's ``trim``).
+Memory: each object is kept trimmed to the fields healer reads (each kind's ``trim``), and a list
+is read :data:`LIST_PAGE` objects at a time, so its whole JSON is never held at once.
 
 Cost per tick: :meth:`Watch.derived` keeps what a reader computes from each object (a node's pool,
 whether it carries healer's marks) and computes it again only for the objects an event replaced
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds the API server keeps one watch request open (its ``timeoutSeconds``).
 WATCH_SECONDS = 60
+#: Objects per page of a (re)list (``limit``, then ``continue``; client-go's reflector pages by
+#: 500 too): the full JSON of 10,000 Nodes is never parsed at once, only a page's.
+LIST_PAGE = 500
 #: Seconds without an event, a bookmark or a new watch after which the store is stale.
 STALE_SECONDS = 3 * WATCH_SECONDS
 #: Seconds before the first attempt after a failed list or watch; doubled after each failure in
@@ -277,19 +281,27 @@ class Watch:
     def _list(self) -> None:
         with self._lock:  # writes answered before the list was sent are in it
             expected_before = dict(self._expected)
-        answer = rawcalls.call(self.api, "GET", self.PATH, timeout=self.timeout)
-        self.lists += 1
         items: dict[str, Any] = {}
         index: dict[str, set[str]] = {}
         indexed_as: dict[str, str] = {}
-        for o in answer.get("items") or []:
-            if (key := self.key(o)) is None:
-                continue
-            kept = self.trim(o)
-            items[key] = self.pack(kept)
-            if (value := self.index(kept)) is not None:
-                index.setdefault(value, set()).add(key)
-                indexed_as[key] = value
+        version: str | None = None
+        token = ""
+        while True:  # page by page, as client-go's reflector lists: one page's JSON in memory at once
+            query = [("limit", str(LIST_PAGE))] + ([("continue", token)] if token else [])
+            answer = rawcalls.call(self.api, "GET", self.PATH, query=query, timeout=self.timeout)
+            for o in answer.get("items") or []:
+                if (key := self.key(o)) is None:
+                    continue
+                kept = self.trim(o)
+                items[key] = self.pack(kept)
+                if (value := self.index(kept)) is not None:
+                    index.setdefault(value, set()).add(key)
+                    indexed_as[key] = value
+            meta = answer.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or "") or version  # every page: the first's snapshot
+            if not (token := str(meta.get("continue") or "")):
+                break
+        self.lists += 1
         with self._lock:
             self._items, self._index, self._indexed_as = items, index, indexed_as
             self._recent = {}
@@ -300,7 +312,7 @@ class Watch:
                 if self._expected.get(key) == version:
                     del self._expected[key]
             self._heard = self.clock()
-        self._version = str((answer.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._version = version
         self.error = None
 
     def _watch(self) -> None:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 import pytest
 from kubernetes import client as k8s
 
+from healer.actions import watch_cache
 from healer.actions.addresses import KubernetesAddresses
 from healer.actions.kubernetes import KubernetesNodeActions
 from healer.actions.node_watch import NodeWatch
@@ -45,6 +46,35 @@ def via(proxy: ApiProxy, kube: ControlPlane) -> k8s.ApiClient:
 
 def names(watch: NodeWatch) -> set[str]:
     return {n["metadata"]["name"] for n in watch.nodes() or []}
+
+
+def test_a_list_is_read_page_by_page_and_the_watch_goes_on_from_its_snapshot(
+    kube: ControlPlane, proxy: ApiProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages of 2 (10,000 real Nodes are read 500 at a time, never all parsed at once): the store
+    holds every node of every page, and the watch started from the list's snapshot shows a node
+    added after it."""
+    monkeypatch.setattr(watch_cache, "LIST_PAGE", 2)
+    prefix = f"p-{uuid.uuid4().hex[:6]}"
+    paged = [f"{prefix}-gpu-{i:02d}" for i in range(5)]
+    kube.add_nodes(paged, gpus=8)
+    watch = NodeWatch(via(proxy, kube), timeout=10)
+    watch.start()
+    try:
+        wait_until(lambda: set(paged) <= names(watch), timeout=30, what="every page in the store")
+        pages = proxy.list_pages(NODES)
+        assert all("limit=2" in page for page in pages), pages
+        assert len(pages) >= 3 and sum("continue=" in page for page in pages) == len(pages) - 1, pages
+        assert proxy.lists(NODES) == 1 and watch.lists == 1
+        every = {n.metadata.name for n in k8s.CoreV1Api(kube.admin_client()).list_node().items}
+        assert names(watch) == every  # nothing lost between pages, nothing twice
+
+        late = f"{prefix}-gpu-late"
+        kube.add_nodes([late], gpus=8)
+        wait_until(lambda: late in names(watch), timeout=30, what="a node added after the list")
+        assert proxy.lists(NODES) == 1  # the watch went on from the list's snapshot: no LIST again
+    finally:
+        watch.stop()
 
 
 def test_reads_come_from_the_watch_and_changes_show(kube: ControlPlane, proxy: ApiProxy) -> None:
