@@ -292,3 +292,13 @@ def vk_node(kube: ControlPlane, vk_node_name: str, vk_node_gpus: int) -> Iterato
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in KUBE_REPORT:
         terminalreporter.write_line(line)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per core, and one more on a machine of one
+    or two cores. Most of the suite waits on real clocks (``for`` holds, scrapes, leases), not on
+    the CPUs: with two workers on CI's two cores they were 53 % busy during the tests
+    (``.ci/run`` prints it). Each worker starts its own services, so more than one extra buys
+    little."""
+    cores = os.cpu_count() or 1
+    return cores + 1 if cores <= 2 else cores
