@@ -160,15 +160,10 @@ def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[Incid
         if f.incident_id is not None:
             found[f.incident_id].append(f)
 
-    domain_ids = {i.domain_incident_id for i in incidents if i.domain_incident_id is not None}
-    domains = {
-        d.id: {"id": d.id, "kind": d.kind, "name": d.name, "open": d.closed_at is None}
-        for d in (
-            session.scalars(select(DomainIncident).where(DomainIncident.id.in_(domain_ids)))
-            if domain_ids
-            else ()
-        )
-    }
+    domains: dict[int, dict[str, Any]] = {}
+    if domain_ids := {i.domain_incident_id for i in incidents if i.domain_incident_id is not None}:
+        for d in session.scalars(select(DomainIncident).where(DomainIncident.id.in_(domain_ids))):
+            domains[d.id] = {"id": d.id, "kind": d.kind, "name": d.name, "open": d.closed_at is None}
 
     def summary(i: Incident) -> str:
         latest = latest_finding(found.get(i.id, ()), i.rule)
@@ -188,7 +183,7 @@ def incident_rows(session: Session, incidents: Sequence[Incident]) -> list[Incid
             close_reason=i.close_reason,
             escalated=i.escalated,
             blocked_reason=i.blocked_reason,
-            domain=domains.get(i.domain_incident_id) if i.domain_incident_id is not None else None,
+            domain=domains.get(i.domain_incident_id or 0),
         )
         for i in incidents
     ]

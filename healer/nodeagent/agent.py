@@ -54,8 +54,7 @@ class NodeAgent:
     executor: Executor
     clock: Callable[[], datetime] = utc_now
     #: Captures the log bundle before a reboot or a GPU reset, or for a capture (gzip + base64;
-    #: "" when none):
-    #: request → bundle.
+    #: "" when none): request → bundle.
     bundler: Callable[[RepairRequest], str] | None = None
     request_timeout_seconds: float = 10.0
     answered: set[str] = field(default_factory=set)  # nonces answered
@@ -98,7 +97,7 @@ class NodeAgent:
             request.nonce,
         )
         if request.action == CAPTURE:
-            bundle = self.bundler(request) if self.bundler is not None else ""
+            bundle = self._bundle(request)
             log.info("node %s: log bundle captured for the ticket (%d bytes)", self.node, len(bundle))
             result = RepairResult(
                 request.nonce,
@@ -110,7 +109,7 @@ class NodeAgent:
             self._answer(result)
             return result
         if request.action == "reboot":
-            bundle = self.bundler(request) if self.bundler is not None else ""
+            bundle = self._bundle(request)
             if bundle:
                 log.info("node %s: log bundle captured before the reboot (%d bytes)", self.node, len(bundle))
             result = RepairResult(
@@ -123,7 +122,7 @@ class NodeAgent:
         # asks for it can replace the quarantine's capture request on the Node before this agent
         # read that one (one request annotation per node), and the ticket after a failed reset
         # would go without any.
-        bundle = self.bundler(request) if self.bundler is not None and request.action == "reset-gpu" else ""
+        bundle = self._bundle(request) if request.action == "reset-gpu" else ""
         outcome = self.executor.run(request)
         result = RepairResult(
             nonce=request.nonce,
@@ -135,6 +134,10 @@ class NodeAgent:
         )
         self._answer(result)
         return result
+
+    def _bundle(self, request: RepairRequest) -> str:
+        """The log bundle for ``request`` from :attr:`bundler` ("" without one)."""
+        return self.bundler(request) if self.bundler is not None else ""
 
     def _answer(self, result: RepairResult) -> None:
         body = {"metadata": {"annotations": {result_key(self.domain): result.encode()}}}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -188,42 +188,26 @@ def test_a_step_in_place_keeps_when_the_node_entered_its_state(
     repair, a log capture's answer) keeps ``state_since``: "awaiting repair for 2 h" and the
     dashboard's overdue flag still count from when the node began to wait."""
     waiting, later, returned = T0, T0 + timedelta(hours=2), T0 + timedelta(hours=3)
-    with transaction(session_factory) as s:
-        node = repo.get_or_create_node(s, "gpu-01", now=T0)
-        repo.transition(s, node, NodeState.AWAITING_REPAIR, now=waiting, actor="healer", reason="ticket")
-    with transaction(session_factory) as s:  # the compare-and-set path (the controller's)
-        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
-        repo.transition(
-            s,
-            node,
-            NodeState.AWAITING_REPAIR,
-            now=later,
-            actor="healer",
-            reason="capture",
-            expect="awaiting_repair",
-        )
-        assert node.state_since == waiting
-    with transaction(session_factory) as s:  # the plain path (the CLI's)
-        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
-        repo.transition(s, node, NodeState.AWAITING_REPAIR, now=later, actor="sre", reason="note")
+
+    def step(to: NodeState, at: datetime, **how: str) -> datetime:
+        """One transition of gpu-01 in its own transaction; its ``state_since`` as the session
+        holds it after the transition."""
+        with transaction(session_factory) as s:
+            node = repo.get_or_create_node(s, "gpu-01", now=T0)
+            repo.transition(s, node, to, now=at, actor="healer", reason="test", **how)
+            return node.state_since
+
+    def stored() -> Node:
+        with session_factory() as s:
+            return s.scalars(select(Node).where(Node.name == "gpu-01")).one()
+
+    step(NodeState.AWAITING_REPAIR, waiting)
+    # the compare-and-set path (the controller's): the row in the session keeps it too
+    assert step(NodeState.AWAITING_REPAIR, later, expect="awaiting_repair") == waiting
+    step(NodeState.AWAITING_REPAIR, later)  # the plain path (the CLI's)
+    assert (stored().state_since, stored().updated_at) == (waiting, later)
+    step(NodeState.VALIDATING, returned, expect="awaiting_repair")
+    assert stored().state_since == returned
     with session_factory() as s:
-        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
-        assert (node.state_since, node.updated_at) == (waiting, later)
-    with transaction(session_factory) as s:
-        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
-        repo.transition(
-            s,
-            node,
-            NodeState.VALIDATING,
-            now=returned,
-            actor="healer",
-            reason="repaired",
-            expect="awaiting_repair",
-        )
-    with session_factory() as s:
-        node = s.scalars(select(Node).where(Node.name == "gpu-01")).one()
-        assert node.state_since == returned
-        steps = s.scalars(
-            select(Transition.to_state).where(Transition.node_id == node.id).order_by(Transition.id)
-        )
-        assert steps.all() == ["awaiting_repair", "awaiting_repair", "awaiting_repair", "validating"]
+        steps = s.scalars(select(Transition.to_state).order_by(Transition.id)).all()
+    assert steps == ["awaiting_repair", "awaiting_repair", "awaiting_repair", "validating"]
