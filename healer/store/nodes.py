@@ -11,8 +11,10 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, case, event, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import ORMExecuteState, Session
 from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from healer.errors import StaleState
 from healer.model.states import NodeState
@@ -364,14 +366,24 @@ def get_switch(session: Session, name: str) -> dict[str, Any]:
 
 
 def set_switch(session: Session, name: str, value: dict[str, Any], *, now: datetime, by: str) -> None:
-    row = session.get(Switch, name)
-    if row is None:
-        session.add(Switch(name=name, value=value, updated_at=now, updated_by=by))
-    else:
-        row.value = value
-        row.updated_at = now
-        row.updated_by = by
-    session.flush()
+    """Write the switch in one upsert (``INSERT … ON CONFLICT (name) DO UPDATE``).
+
+    Two replicas starting together both write ``ruleset`` before either leads; a read-then-INSERT
+    let the second fail on the primary key (PostgreSQL ``UniqueViolation``) and exit. The row the
+    session may hold is refreshed from the database on its next read.
+    """
+    row = {"name": name, "value": value, "updated_at": now, "updated_by": by}
+    upsert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+    statement = upsert(Switch).values(row)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[Switch.name],
+            set_={"value": statement.excluded.value, "updated_at": now, "updated_by": by},
+        )
+    )
+    held = session.identity_map.get(identity_key(Switch, name))
+    if held is not None:
+        session.expire(held)
 
 
 def nodes_in_states(session: Session, states: Sequence[str]) -> list[Node]:

@@ -13,12 +13,13 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from healer.model.states import NodeState, TicketStatus
 from healer.store import migrate
-from healer.store.models import Action, Base, Node, Ticket, Transition
+from healer.store import nodes as repo
+from healer.store.models import Action, Base, Node, Switch, Ticket, Transition
 from healer.store.session import make_engine, make_sessionmaker, transaction
 from healer.tickets import service
 from tests.integration.test_ticket_callbacks import sent_ticket
@@ -123,3 +124,44 @@ def test_two_replicas_upgrading_at_once_both_succeed(pg_url: str) -> None:
             assert conn.scalar(select(func.count()).select_from(Base.metadata.tables["nodes"])) == 0
     finally:
         engine.dispose()
+
+
+def test_two_replicas_recording_their_rule_set_at_once_both_go_on(pg_sessions: sessionmaker[Session]) -> None:
+    """Two replicas start together; both read no ``ruleset`` row and both write one. The second
+    write waits on the first replica's transaction and then replaces its row: neither fails on
+    the primary key (a read-then-INSERT did, and that replica exited)."""
+    first, second = pg_sessions(), pg_sessions()
+    try:
+        assert repo.get_switch(first, repo.SWITCH_RULESET) == {}
+        assert repo.get_switch(second, repo.SWITCH_RULESET) == {}
+        repo.set_switch(first, repo.SWITCH_RULESET, {"rules": 1}, now=NOW, by="healer-a")
+        failures: list[BaseException] = []
+
+        def write_second() -> None:
+            try:
+                repo.set_switch(second, repo.SWITCH_RULESET, {"rules": 2}, now=NOW, by="healer-b")
+                second.commit()
+            except BaseException as exc:  # reported by the assertion below
+                failures.append(exc)
+
+        writer = threading.Thread(target=write_second)
+        writer.start()
+        wait_until(lambda: _lock_waiters(pg_sessions) == 1, timeout=30, what="the second write waiting")
+        first.commit()
+        writer.join(timeout=30)
+        assert not writer.is_alive() and failures == []
+    finally:
+        first.close()
+        second.close()
+    with transaction(pg_sessions) as s:
+        assert repo.get_switch(s, repo.SWITCH_RULESET) == {"rules": 2}
+        assert s.get(Switch, repo.SWITCH_RULESET).updated_by == "healer-b"  # type: ignore[union-attr]
+
+
+def _lock_waiters(sessions: sessionmaker[Session]) -> int:
+    with sessions() as s:
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return int(s.scalar(text(waiting)) or 0)
