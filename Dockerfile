@@ -14,12 +14,15 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/healer
 WORKDIR /src
+# The dependencies first, in a layer of their own (pyproject.toml alone: no package is found, so
+# the project installs empty and is removed): a change of healer's code reuses that layer.
 COPY pyproject.toml README.md ./
+RUN /opt/healer/bin/pip install ".[agent]" && /opt/healer/bin/pip uninstall --yes healer
 COPY healer ./healer
 COPY api ./api
 # Dev tooling (fleet simulator, stand-in provider) for docker-compose.yml; healer never imports it.
 COPY healer_dev ./healer_dev
-RUN /opt/healer/bin/pip install ".[agent]"
+RUN /opt/healer/bin/pip install --no-deps . && /opt/healer/bin/pip check
 # healer.store.migrate finds migrations/ beside the installed `healer` package (site-packages).
 COPY migrations ./migrations
 RUN site="$(/opt/healer/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \

@@ -1,9 +1,9 @@
-"""`healer run` end to end: a quarantine-only node returns to service, and a 40 s Prometheus outage
+"""`healer run` end to end: a quarantine-only node returns to service, and a 20 s Prometheus outage
 during its validation does not count as clear time.
 
 Real processes: `healer run` (scheduler, Lease, dashboard) as the chart's ServiceAccount on the real
 control plane (KWOK nodes), a real Prometheus scraping the fleet simulator, SQLite. The outage is
-the Prometheus process stopped (SIGSTOP) for 40 s: every query times out, every rule is frozen.
+the Prometheus process stopped (SIGSTOP) for 20 s: every query times out, every rule is frozen.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from tests.services import wait_until
 
 pytestmark = pytest.mark.prometheus
 
-HOLD = 30
-OUTAGE = 40
+HOLD = 15
+OUTAGE = 20
 RULES = """
 groups:
   - name: thermal
