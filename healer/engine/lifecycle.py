@@ -40,7 +40,9 @@ Log capture: with a node agent configured (``Context.capture_logs``), taking the
 answers with the log bundle, which the ``capture answered`` row records in a transition of its own
 (evidence ``{"repair": {"action": "capture", "at", "log_bundle", ...}}``), so a replacement ticket
 not preceded by a reboot carries it too. The ticket outbox holds such a ticket while the capture is
-unanswered, for a bounded time (``healer.controller.record``).
+unanswered, for a bounded time (``healer.controller.record``). A repair asked before the agent
+answered replaces the capture (the agent holds one request at a time): the repair's answer
+carries the bundle, and the capture ends ``superseded`` so no ticket waits for it.
 
 :func:`decide` walks :data:`TABLE`, a list of (states, condition) → step rows, and returns the
 first row's step; the reconciler (``healer.controller.reconcile``) asks :mod:`healer.engine.safety` whether a
@@ -846,6 +848,23 @@ def _captured(f: NodeFacts, c: Context) -> Step:
     )
 
 
+def _superseded_capture(f: NodeFacts, kind: str, answer: RepairResult) -> dict[str, object] | None:
+    """The incident's capture, still unanswered when the agent answers a repair: the agent holds
+    one request at a time, so the repair's request replaced it, and the repair's answer carries
+    the bundle captured before it (``_bundle_of``). It ends ``superseded``, so a ticket that
+    follows is not held for an answer that will never come. None: nothing to change."""
+    asked = f.incident.capture if f.incident is not None else None
+    if not asked or asked.get("status") != "requested":
+        return None
+    carries = "carries the log bundle" if answer.bundle else "has no log bundle"
+    return {
+        **asked,
+        "status": "superseded",
+        "answered_at": answer.at,
+        "reason": f"the {kind} request replaced it; the {kind} answer {carries}",
+    }
+
+
 def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
     step, answer = _on_ladder(f), _answer(f)
     assert step is not None and answer is not None
@@ -856,6 +875,7 @@ def _repaired_by_agent(f: NodeFacts, c: Context) -> Step:
         f"{step.kind} done by the node agent{detail}",
         evidence={"repair": {"action": step.kind, "nonce": answer.nonce, "status": answer.status,
                              "at": answer.at, "output": answer.output, **_bundle_of(answer)}},
+        memory=Memory(capture=_superseded_capture(f, step.kind, answer)),
         already_out=True,
         row="repair done",
     )
@@ -869,7 +889,9 @@ def _repair_failed_step(f: NodeFacts, c: Context) -> Step:
     evidence = {**(out.evidence or {}), "repair": {"action": step.kind, "status": answer.status,
                                                    "reason": answer.reason, "output": answer.output,
                                                    **_bundle_of(answer)}}
-    return replace(out, evidence=evidence)
+    capture = _superseded_capture(f, step.kind, answer)
+    memory = out.memory if capture is None else replace(out.memory, capture=capture)
+    return replace(out, evidence=evidence, memory=memory)
 
 
 def _timed_out_step(f: NodeFacts, c: Context) -> Step:

@@ -237,6 +237,8 @@ def log_bundle_note(incident: Incident, bundle: dict[str, Any] | None) -> str | 
         return f"the node agent did not answer the log capture asked at {capture.get('requested_at')}"
     if status == "succeeded":
         return "the node agent captured no log bundle"
+    if status == "superseded":
+        return f"the node agent answered a repair instead of the log capture ({capture.get('reason')})"
     return f"the node agent {status} the log capture: {capture.get('reason') or 'no reason given'}"
 
 

@@ -48,7 +48,8 @@ def test_a_flapping_management_hca_counts_only_when_the_setting_does_not_exclude
     # Prometheus evaluates the groups every 2 s instead of the pack's 30 s: the filter is the
     # rules' own, the interval only how soon the test sees them fire.
     assert "\n  interval: 30s\n" in exported.stdout
-    rule_file.write_text(exported.stdout.replace("\n  interval: 30s\n", "\n  interval: 2s\n"), encoding="utf-8")
+    every_2s = exported.stdout.replace("\n  interval: 30s\n", "\n  interval: 2s\n")
+    rule_file.write_text(every_2s, encoding="utf-8")
 
     with node_exporter() as ib:
         ib.sysfs.add_hca(COMPUTE)

@@ -443,6 +443,52 @@ def test_an_agent_that_fails_the_reset_escalates_at_once(
     assert '"action":"reboot"' in raw
 
 
+def test_a_ladder_that_fails_fast_sends_its_ticket_with_the_repairs_bundle_without_waiting(
+    kube: ControlPlane,
+    admin: k8s.CoreV1Api,
+    agent_api: ApiClient,
+    kube_healer_api: ApiClient,
+    session_factory: sessionmaker[Session],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    provider: Receiver,
+) -> None:
+    """The reset asked as the node is held replaces the capture asked at quarantine on the Node
+    (the agent holds one request at a time). The reset fails and the reboot does not clear the
+    Xid, all within seconds: the replacement ticket goes at once, with the bundle the agent
+    captured before the reboot, instead of waiting out the capture's 60 s for an answer that
+    cannot come."""
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    monkeypatch.setenv(PROVIDER_SECRET_ENV, PROVIDER_SECRET)
+    tickets = TicketSettings(
+        cluster_name="test",
+        dashboard_url="http://healer.test",
+        providers=[
+            ProviderSettings(name="acme", url=f"{provider.url}/intake", secret_env=PROVIDER_SECRET_ENV)
+        ],
+    )
+    ladder = Ladder(kube_healer_api, agent_api, session_factory, tmp_path, tickets=tickets)
+    name = unique("ladder-fast")
+    kube.add_nodes([name])
+    ladder.tick(T0, xid(name, 48))
+    assert '"action":"reset-gpu"' in requested(admin, name)  # the capture's request replaced
+    assert ladder.agent(name, exit_code=3) is not None
+    ladder.tick(T0 + timedelta(seconds=10), xid(name, 48))
+    assert '"action":"reboot"' in requested(admin, name)
+    kmsg = kernel_log(ladder.tmp / "node", 3, 48, "DBE", usec=7_000_000)
+    result = ladder.agent(name, kmsg=kmsg)
+    assert result is not None and result.reason == "reboot started" and result.bundle
+    # The node is back with the Xid again: the reboot did not clear it, the ticket is asked.
+    for seconds in (20, 25):
+        ladder.tick(T0 + timedelta(seconds=seconds), xid(name, 48, at=T0 + timedelta(seconds=seconds)))
+    assert ladder.tickets() == [(name, "acme")]
+    assert ladder.deliver(T0 + timedelta(seconds=26)) == ["delivered"]
+    (received,) = provider.requests
+    assert received.json["log_bundle"]["action"] == "reboot"
+    assert received.json["log_bundle_note"] is None
+    assert ladder.commands(name) == ["reset 3", "reboot"]
+
+
 def test_a_gpu_that_failed_on_node_a_goes_straight_to_replacement_on_node_b(
     kube: ControlPlane, admin: k8s.CoreV1Api, ladder: Ladder
 ) -> None:

@@ -175,3 +175,68 @@ def test_the_ticket_says_why_it_has_no_bundle_though_one_was_asked() -> None:
     assert log_bundle_note(Incident(capture=failed), None) == (
         "the node agent failed the log capture: no log bundle captured"
     )
+
+
+def test_a_reset_asked_before_the_capture_was_answered_supersedes_it_and_its_ticket_is_not_held() -> None:
+    """The agent holds one request at a time: the ladder's reboot, asked as the node is held,
+    replaced the capture. The reboot's answer carries the bundle; the capture ends ``superseded``
+    and the replacement ticket that follows a failed reboot is not held for it."""
+    suspect = lc.NodeFacts(
+        name="n1",
+        state=NodeState.SUSPECT,
+        incident=lc.IncidentFacts(id=7),
+        firing=(ladder.xid(1.0, rule="Own"),),
+        view=NodeView(name="n1", unschedulable=False),
+    )
+    out, _, _ = quarantined(suspect, LADDER)
+    start = lc.decide(out, LADDER)
+    assert start is not None and start.row == "quarantined, no drain"
+    reboot = next(e for e in start.effects if isinstance(e, lc.RequestRepair))
+    awaiting = then(out, start)
+    assert awaiting.incident is not None and awaiting.incident.capture is not None
+    assert awaiting.incident.capture["status"] == "requested"
+    # The reboot fails; its answer carries the bundle captured before it.
+    failed = RepairResult(reboot.nonce, "failed", "ipmitool: no BMC", "t2", bundle="H4sIboot")
+    step = lc.decide(replace(awaiting, repair_result=failed), LADDER)
+    assert step is not None and step.row == "repair failed"
+    assert step.evidence is not None and step.evidence["repair"]["log_bundle"] == "H4sIboot"  # type: ignore[index]
+    assert step.memory.capture is not None
+    assert step.memory.capture["status"] == "superseded" and step.memory.capture["answered_at"] == "t2"
+    assert step.memory.capture["reason"] == (
+        "the reboot request replaced it; the reboot answer carries the log bundle"
+    )
+    after = then(awaiting, step)
+    assert after.incident is not None and after.incident.capture is not None
+    assert after.incident.capture["status"] == "superseded"
+    # A later answer to the old capture nonce is not recorded as one (it was superseded).
+    late = RepairResult(str(after.incident.capture["nonce"]), "succeeded", "captured", "t3", bundle="x")
+    again = lc.decide(replace(after, repair_result=late), LADDER)
+    assert again is None or again.row != "capture answered"
+    # Without a bundle, the ticket says why it has none.
+    bare = lc.decide(replace(awaiting, repair_result=replace(failed, bundle=None)), LADDER)
+    assert bare is not None and bare.memory.capture is not None
+    assert log_bundle_note(Incident(capture=bare.memory.capture), None) == (
+        "the node agent answered a repair instead of the log capture "
+        "(the reboot request replaced it; the reboot answer has no log bundle)"
+    )
+
+
+def test_a_reset_answered_after_the_capture_leaves_the_capture_as_recorded() -> None:
+    """The capture answered first keeps its own status: a later repair answer changes nothing."""
+    suspect = lc.NodeFacts(
+        name="n1",
+        state=NodeState.SUSPECT,
+        incident=lc.IncidentFacts(id=7),
+        firing=(ladder.xid(1.0, rule="Own"),),
+        view=NodeView(name="n1", unschedulable=False),
+    )
+    out, _, capture = quarantined(suspect, LADDER)
+    start = lc.decide(out, LADDER)
+    assert start is not None
+    reboot = next(e for e in start.effects if isinstance(e, lc.RequestRepair))
+    awaiting = then(out, start)
+    captured = RepairResult(capture.nonce, "succeeded", "log bundle captured", "t1", bundle="H4sIcap")
+    recorded = then(awaiting, lc.decide(replace(awaiting, repair_result=captured), LADDER))  # type: ignore[arg-type]
+    failed = RepairResult(reboot.nonce, "failed", "ipmitool: no BMC", "t2")
+    step = lc.decide(replace(recorded, repair_result=failed), LADDER)
+    assert step is not None and step.row == "repair failed" and step.memory.capture is None
