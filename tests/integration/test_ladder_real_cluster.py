@@ -458,15 +458,7 @@ def test_a_ladder_that_fails_fast_sends_its_ticket_with_the_repairs_bundle_witho
     Xid, all within seconds: the replacement ticket goes at once, with the bundle the agent
     captured before the reboot, instead of waiting out the capture's 60 s for an answer that
     cannot come."""
-    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
-    monkeypatch.setenv(PROVIDER_SECRET_ENV, PROVIDER_SECRET)
-    tickets = TicketSettings(
-        cluster_name="test",
-        dashboard_url="http://healer.test",
-        providers=[
-            ProviderSettings(name="acme", url=f"{provider.url}/intake", secret_env=PROVIDER_SECRET_ENV)
-        ],
-    )
+    tickets = acme_tickets(provider, monkeypatch)
     ladder = Ladder(kube_healer_api, agent_api, session_factory, tmp_path, tickets=tickets)
     name = unique("ladder-fast")
     kube.add_nodes([name])
@@ -709,6 +701,19 @@ def provider() -> Iterator[Receiver]:
         yield rcv
 
 
+def acme_tickets(provider: Receiver, monkeypatch: pytest.MonkeyPatch) -> TicketSettings:
+    """The provider ``acme`` at the stand-in receiver, and the repair and webhook secrets set."""
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    monkeypatch.setenv(PROVIDER_SECRET_ENV, PROVIDER_SECRET)
+    return TicketSettings(
+        cluster_name="test",
+        dashboard_url="http://healer.test",
+        providers=[
+            ProviderSettings(name="acme", url=f"{provider.url}/intake", secret_env=PROVIDER_SECRET_ENV)
+        ],
+    )
+
+
 @pytest.fixture
 def capturing(
     kube_healer_api: ApiClient,
@@ -720,15 +725,7 @@ def capturing(
 ) -> Ladder:
     """The controller with a node agent configured (repair.actions) and the provider ``acme`` at
     the stand-in receiver; the rule quarantines, drains and asks for its ticket."""
-    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
-    monkeypatch.setenv(PROVIDER_SECRET_ENV, PROVIDER_SECRET)
-    tickets = TicketSettings(
-        cluster_name="test",
-        dashboard_url="http://healer.test",
-        providers=[
-            ProviderSettings(name="acme", url=f"{provider.url}/intake", secret_env=PROVIDER_SECRET_ENV)
-        ],
-    )
+    tickets = acme_tickets(provider, monkeypatch)
     return Ladder(kube_healer_api, agent_api, session_factory, tmp_path, rules=ROW_REMAP, tickets=tickets)
 
 

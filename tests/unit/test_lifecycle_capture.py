@@ -48,6 +48,23 @@ def hot() -> lc.NodeFacts:
     return facts(NodeState.SUSPECT, incident=incident(), firing=HOT)
 
 
+def rebooting() -> tuple[lc.NodeFacts, lc.RequestRepair, lc.Step, lc.RequestRepair]:
+    """Rule Own's node quarantined (the capture asked), then its ladder's step: the facts once
+    quarantined, the capture, the step and its reboot request (quarantined, no drain)."""
+    suspect = lc.NodeFacts(
+        name="n1",
+        state=NodeState.SUSPECT,
+        incident=lc.IncidentFacts(id=7),
+        firing=(ladder.xid(1.0, rule="Own"),),
+        view=NodeView(name="n1", unschedulable=False),
+    )
+    out, _, capture = quarantined(suspect, LADDER)
+    start = lc.decide(out, LADDER)
+    assert start is not None and start.row == "quarantined, no drain"
+    reboot = next(e for e in start.effects if isinstance(e, lc.RequestRepair))
+    return out, capture, start, reboot
+
+
 def test_quarantine_with_an_agent_asks_for_the_log_bundle() -> None:
     _, step, request = quarantined(hot())
     assert request.gpu is None and request.nonce == f"7-capture-{int(NOW.timestamp())}"
@@ -111,18 +128,7 @@ def test_an_older_agent_refusing_the_capture_is_recorded_without_a_bundle() -> N
 
 
 def test_a_reboot_answer_is_not_a_capture_answer_nor_the_other_way_round() -> None:
-    suspect = lc.NodeFacts(
-        name="n1",
-        state=NodeState.SUSPECT,
-        incident=lc.IncidentFacts(id=7),
-        firing=(ladder.xid(1.0, rule="Own"),),
-        view=NodeView(name="n1", unschedulable=False),
-    )
-    out, _, capture = quarantined(suspect, LADDER)
-    # Quarantined, no drain: the ladder's reboot is asked, with a nonce of its own.
-    start = lc.decide(out, LADDER)
-    assert start is not None and start.row == "quarantined, no drain"
-    reboot = next(e for e in start.effects if isinstance(e, lc.RequestRepair))
+    out, capture, start, reboot = rebooting()
     assert reboot.action == "reboot" and reboot.nonce != capture.nonce
     awaiting = then(out, start)
     # The capture's answer while the reboot is awaited: recorded as the capture, the reboot still awaited.
@@ -181,17 +187,7 @@ def test_a_reset_asked_before_the_capture_was_answered_supersedes_it_and_its_tic
     """The agent holds one request at a time: the ladder's reboot, asked as the node is held,
     replaced the capture. The reboot's answer carries the bundle; the capture ends ``superseded``
     and the replacement ticket that follows a failed reboot is not held for it."""
-    suspect = lc.NodeFacts(
-        name="n1",
-        state=NodeState.SUSPECT,
-        incident=lc.IncidentFacts(id=7),
-        firing=(ladder.xid(1.0, rule="Own"),),
-        view=NodeView(name="n1", unschedulable=False),
-    )
-    out, _, _ = quarantined(suspect, LADDER)
-    start = lc.decide(out, LADDER)
-    assert start is not None and start.row == "quarantined, no drain"
-    reboot = next(e for e in start.effects if isinstance(e, lc.RequestRepair))
+    out, _, start, reboot = rebooting()
     awaiting = then(out, start)
     assert awaiting.incident is not None and awaiting.incident.capture is not None
     assert awaiting.incident.capture["status"] == "requested"
@@ -223,17 +219,7 @@ def test_a_reset_asked_before_the_capture_was_answered_supersedes_it_and_its_tic
 
 def test_a_reset_answered_after_the_capture_leaves_the_capture_as_recorded() -> None:
     """The capture answered first keeps its own status: a later repair answer changes nothing."""
-    suspect = lc.NodeFacts(
-        name="n1",
-        state=NodeState.SUSPECT,
-        incident=lc.IncidentFacts(id=7),
-        firing=(ladder.xid(1.0, rule="Own"),),
-        view=NodeView(name="n1", unschedulable=False),
-    )
-    out, _, capture = quarantined(suspect, LADDER)
-    start = lc.decide(out, LADDER)
-    assert start is not None
-    reboot = next(e for e in start.effects if isinstance(e, lc.RequestRepair))
+    out, capture, start, reboot = rebooting()
     awaiting = then(out, start)
     captured = RepairResult(capture.nonce, "succeeded", "log bundle captured", "t1", bundle="H4sIcap")
     recorded = then(awaiting, lc.decide(replace(awaiting, repair_result=captured), LADDER))  # type: ignore[arg-type]
