@@ -56,6 +56,9 @@ IB_RATE_BYTES_PER_SECOND = 50_000_000_000
 # --- clock event reason bits (DCGM_FI_DEV_CLOCKS_EVENT_REASONS) ---------------------------------
 
 CLOCK_EVENT_GPU_IDLE = 0x1
+#: SW power cap: what a healthy GPU at full load reports (a real H200 at 670 TFLOP/s of bf16, about
+#: 690 W of its 700 W limit, read 0x4; docs/device-checks/2026-12-04-NVIDIA-H200-bf16-load.txt).
+CLOCK_EVENT_SW_POWER_CAP = 0x4
 CLOCK_EVENT_HW_SLOWDOWN = 0x8
 CLOCK_EVENT_SW_THERMAL = 0x20
 CLOCK_EVENT_HW_THERMAL = 0x40

@@ -313,7 +313,7 @@ class NodeModel:
         else:
             sm = [c.SM_CLOCK_MAX_MHZ] * n
             util = [100] * n
-            reasons = [0] * n
+            reasons = [c.CLOCK_EVENT_SW_POWER_CAP] * n
         remap = [0] * n
         pending = [0] * n
         for f in self.faults:

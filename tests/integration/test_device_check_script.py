@@ -1,5 +1,6 @@
 """``scripts/device-check.sh`` in one command, on the recorded H100 fixture (issue 32): every fact the
-default rules read, beside the simulator's assumption; a clear error without NVML."""
+default rules read, beside the simulator's assumption; a clear error without NVML. And the NVML
+recordings of a real H200 (docs/device-checks/) replayed: the agent serves what it served there."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 from healer_dev.agent_fixture import write_fixture
 from healer_dev.device_check import rule_metrics
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device-check.sh"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "device-check.sh"
+H200 = REPO / "docs" / "device-checks" / "2026-12-04-NVIDIA-H200"
+CORPUS = REPO / "tests" / "fixtures" / "exposition-corpus"
 VENV = str(Path(sys.executable).parents[1])
 
 
@@ -64,3 +68,29 @@ def test_without_nvml_it_says_why_and_exits_2(tmp_path: Path) -> None:
     done = run("--kmsg", str(tmp_path / "kmsg"), env={"HEALER_VENV": str(tmp_path / "no-venv")})
     assert done.returncode == 2
     assert done.stderr == f"error: no virtual environment at {tmp_path / 'no-venv'} (set HEALER_VENV)\n"
+
+
+def samples(metrics: str) -> list[str]:
+    return [line for line in metrics.splitlines() if line.startswith("DCGM_")]
+
+
+def test_a_real_h200_recording_replays_to_what_the_agent_served_on_it(tmp_path: Path) -> None:
+    """The corpus sample of the H200 at full load is the agent's own output on that GPU (its node
+    name aside); replayed from the recording, the agent serves it again, and the simulator, since
+    that run, assumes what the hardware showed: a busy GPU is power-capped (clock event reasons 0x4)."""
+    (tmp_path / "kmsg").write_text("")
+    done = run(
+        "--recorded", f"{H200}-bf16-load.nvml.json", "--out", str(tmp_path / "out"),
+        "--kmsg", str(tmp_path / "kmsg"), "--sysfs", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "GPUs: 1 x NVIDIA H200" in done.stdout.splitlines()
+    served = samples((tmp_path / "out" / "metrics.prom").read_text())
+    published = (CORPUS / "h200-healer-agent-bf16-load.prom").read_text()
+    assert served == samples(published.replace('Hostname="gpu-h200-02"', 'Hostname="device-check"'))
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if line.startswith("DCGM_")}
+    reasons = rows["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"].split()
+    assert reasons[1:6] == ["present", "gauge", "bitmask", "yes", "4"]
+    assert reasons[-1] == "ok"  # was "outside simulated healthy range (note)" on the day (the .txt)
+    assert "outside simulated healthy range" in Path(f"{H200}-bf16-load.txt").read_text()
+    assert rows["DCGM_FI_DEV_GPU_TEMP"].split()[6] == "60"

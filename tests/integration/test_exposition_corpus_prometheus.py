@@ -4,7 +4,8 @@
 issues (each file's header says where from, which exporter, what was kept and what was changed):
 H100s with pod labels on some GPUs only, MIG on A30/A100/H100, a GPU time-sliced between three pods
 behind a ServiceMonitor, ``Hostname``/``hostname`` holding the exporter pod's name, a vGPU guest,
-2.x and 1.x exporters, the Xid label shapes, node_exporter on RoCE and InfiniBand HCAs.
+2.x and 1.x exporters, the Xid label shapes, node_exporter on RoCE and InfiniBand HCAs; and
+healer's own agent on a real H200, idle and power-capped at full load (docs/device-checks/).
 ``verdicts.yaml`` beside them says, written by hand from the rules, what every default rule must
 return for each Kubernetes node.
 
@@ -144,7 +145,8 @@ def test_excluding_the_unplugged_roce_functions_silences_them(corpus: Corpus) ->
 
 def test_blind_spots_show_what_the_pack_cannot_see(corpus: Corpus) -> None:
     """The vGPU guest (no temperature) is blind for the rules counting GPUs by their temperature;
-    the 1.x exporter (``dcgm_*`` names, nothing the pack reads) is blind as a whole GPU node."""
+    healer's agent alone (no profiling fields) for the tensor-activity rule; the 1.x exporter
+    (``dcgm_*`` names, nothing the pack reads) is blind as a whole GPU node."""
     gpu_nodes = [
         node
         for name, sample in SAMPLES.items()
@@ -176,4 +178,8 @@ def test_blind_spots_show_what_the_pack_cannot_see(corpus: Corpus) -> None:
             "InfinibandPortReceiveErrors",
         )
     }
+    # healer's own agent on a real H200 reads NVML, which has no DCGM profiling fields: only the
+    # tensor-activity rule is blind there, and says so.
+    h200 = {(node, rule) for node, rule, _ in spots if node.startswith("gpu-h200")}
+    assert h200 == {("gpu-h200-01", "GpuSilentThrottling"), ("gpu-h200-02", "GpuSilentThrottling")}
     assert report.unresolved == () and report.errors == ()

@@ -69,12 +69,12 @@ GPU_CASES: tuple[Case, ...] = (
     Case(
         "hardware slowdown",
         (_f(gpu=1, fault="thermal_slowdown", reasons=0x48),),
-        {"GpuHardwareSlowdown": {"1": "72"}},
+        {"GpuHardwareSlowdown": {"1": "76"}},  # 0x48 | the busy GPU's SW power cap 0x4
     ),
     Case(
         "power brake",
         (_f(gpu=1, fault="thermal_slowdown", reasons=0x80, sm_clock=1980),),
-        {"GpuPowerBrake": {"1": "128"}},
+        {"GpuPowerBrake": {"1": "132"}},  # 0x80 | 0x4
     ),
     Case(
         "silent throttling",
