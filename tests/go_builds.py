@@ -54,10 +54,16 @@ def _uses_helm(module: ModuleType | None) -> bool:
 
 def needs(item: pytest.Item) -> tuple[str, ...]:
     """The status variables of the tools ``item`` needs: the control plane (and helm, whose chart
-    gives healer's RBAC) for a test using the ``kube`` fixture (and the virtual-kubelet node for one
-    using ``vk_node``), helm for a test module using it, Prometheus 3 for a test using the
-    ``prometheus3`` fixture, the container image for a test using the ``healer_image`` fixture."""
+    gives healer's RBAC) for a test using the ``kube`` fixture or parametrized with "kube" (and the
+    virtual-kubelet node for one using ``vk_node``), helm for a test module using it, Prometheus 3
+    for a test using the ``prometheus3`` fixture, the container image for a test using the
+    ``healer_image`` fixture."""
     fixtures = set(getattr(item, "fixturenames", ()))
+    # A fixture parametrized over clusters asks for ``kube`` by name when its parameter is "kube"
+    # (test_k8s_contract.py's ``cluster``): that is not in ``fixturenames``, the parameter is.
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if any(isinstance(value, str) and value in KUBE_FIXTURES for value in params.values()):
+        fixtures |= KUBE_FIXTURES
     found: tuple[str, ...] = ()
     if fixtures & VK_FIXTURES:
         found = (KUBE_STATUS, HELM_STATUS, VK_STATUS)
