@@ -5,7 +5,10 @@ It reads the GPUs through :func:`healer.nodeagent.nvml.open_nvml` (the real NVML
 a recording), the kernel log (``--kmsg``, default ``/dev/kmsg``: root or CAP_SYSLOG) and the
 InfiniBand ``hw_counters`` (``--sysfs``, default ``/sys``) with the agent's readers, serves them
 with the agent's exporter on loopback, scrapes that ``/metrics`` once, prints a line on the kernel
-log and one on the HCAs, and, for every DCGM metric the default pack (``rules/``) reads:
+log, one on the HCAs and one on the log bundle the agent would attach to a ticket (captured as
+before a reboot, with ``--bundle-command``'s output, default ``nvidia-smi -q``: its encoded size
+against the annotation's limit, the time it took, the command's exit), and, for every DCGM
+metric the default pack (``rules/``) reads:
 
 * the agent's answer: present or why not, Prometheus type, unit, integral or not, the values over
   the GPUs (min..max);
@@ -17,8 +20,8 @@ log and one on the HCAs, and, for every DCGM metric the default pack (``rules/``
 
 Exit 0 when NVML answered (whatever the verdicts), 2 when NVML is not available (the reason
 printed). Offline: it needs the checkout and its virtual environment, nothing else.
-``--record FILE`` also writes what NVML answered as a recording (a fixture from real hardware);
-``--metrics FILE`` the scrape.
+``--out DIR`` also writes what NVML answered as a recording (``nvml-recording.json``, a fixture
+from real hardware), the scrape (``metrics.prom``) and the bundle's text (``log-bundle.txt``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import math
 import platform
 import re
 import sys
+import time
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -37,6 +41,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from healer.model.repair import decode_bundle
+from healer.nodeagent.bundle import ENCODED_MAX_BYTES, Capture
 from healer.nodeagent.exposition import serve
 from healer.nodeagent.facts import HostFacts
 from healer.nodeagent.infiniband import read_hw_counters
@@ -196,6 +202,28 @@ def _host_summary(sysfs: Path, kmsg: KmsgSource) -> list[str]:
     return [kernel, infiniband]
 
 
+def log_bundle(kmsg: KmsgSource, command: Sequence[str], at: str) -> tuple[str, str]:
+    """The log bundle the agent would attach to a ticket from this machine (``Capture``, as before a
+    reboot): one line saying its size against the annotation's limit, what it holds and how long
+    it took to capture; and its text as the controller decodes it."""
+    start = time.monotonic()
+    encoded = Capture(
+        node="device-check", why="a device check", kmsg=kmsg, nvidia_smi=command, at=at
+    ).encoded()
+    took = time.monotonic() - start
+    if not encoded:
+        return f"log bundle: does not fit in {ENCODED_MAX_BYTES:,} bytes even without its kernel log", ""
+    text = decode_bundle(encoded)
+    status = [line for line in text.splitlines() if line.startswith(("(exit ", "(not run"))]
+    cut = ", cut to fit" if "lines left out (size cap)" in text else ""
+    line = (
+        f"log bundle: {len(encoded):,} bytes gzip+base64 (limit {ENCODED_MAX_BYTES:,}) of "
+        f"{len(text):,} bytes of text{cut}, captured in {took:.1f} s; "
+        f"{' '.join(command)}: {status[-1].strip('()') if status else '-'}"
+    )
+    return line, text
+
+
 def run(
     nvml: NvmlCalls | None,
     *,
@@ -204,12 +232,17 @@ def run(
     out: Path | None = None,
     sysfs: Path = Path("/sys"),
     kmsg: Path = Path("/dev/kmsg"),
+    bundle_command: Sequence[str] = ("nvidia-smi", "-q"),
 ) -> tuple[str, int]:
     """The report and the exit status."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     lines = [f"healer device check, {now}", f"NVML: {source}"]
     kmsg_source = _kmsg_source(kmsg)
-    host = _host_summary(sysfs, kmsg_source)
+    bundle_line, bundle_text = log_bundle(kmsg_source, bundle_command, now)
+    host = [*_host_summary(sysfs, kmsg_source), bundle_line]
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "log-bundle.txt").write_text(bundle_text)
     if nvml is None:
         lines += [*host, f"error: {nvml_error}"]
         return "\n".join(lines) + "\n", 2
@@ -282,7 +315,6 @@ def run(
         f"counters on {len(nvlink)} GPU(s), links {sorted({k[0] for g in nvlink for k in g.nvlink}) or '-'}"
     )
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "nvml-recording.json").write_text(json.dumps(recording.dump(), indent=1) + "\n")
         (out / "metrics.prom").write_text(scrape)
     return "\n".join(lines) + "\n", 0
@@ -292,7 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = __doc__.split("\n\n")[0].replace("``", "")
     parser = argparse.ArgumentParser(prog="device-check", description=summary)
     parser.add_argument("--recorded", type=Path, help="read a recorded NVML device instead of the real one")
-    parser.add_argument("--out", type=Path, help="also write nvml-recording.json and metrics.prom here")
+    parser.add_argument(
+        "--out", type=Path, help="also write nvml-recording.json, metrics.prom and log-bundle.txt here"
+    )
+    parser.add_argument(
+        "--bundle-command",
+        default="nvidia-smi -q",
+        help="the command the log bundle carries the output of (default nvidia-smi -q)",
+    )
     parser.add_argument("--sysfs", type=Path, default=Path("/sys"), help="sysfs root (default /sys)")
     parser.add_argument(
         "--kmsg", type=Path, default=Path("/dev/kmsg"), help="kernel log: the device or a file of records"
@@ -307,7 +346,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error:
         source += ": not available"
     report, status = run(
-        nvml, nvml_error=error, source=source, out=args.out, sysfs=args.sysfs, kmsg=args.kmsg
+        nvml,
+        nvml_error=error,
+        source=source,
+        out=args.out,
+        sysfs=args.sysfs,
+        kmsg=args.kmsg,
+        bundle_command=args.bundle_command.split(),
     )
     sys.stdout.write(report)
     return status

@@ -7,7 +7,8 @@
 # not match: the checkout is put on PYTHONPATH).
 #
 #   bash scripts/device-check.sh                        # the GPUs of this machine
-#   bash scripts/device-check.sh --out DIR              # also DIR/nvml-recording.json, DIR/metrics.prom
+#   bash scripts/device-check.sh --out DIR              # also DIR/nvml-recording.json, metrics.prom,
+#                                                       # log-bundle.txt (what a ticket would carry)
 #   bash scripts/device-check.sh --recorded FILE        # a recorded device instead (the tests' fixture)
 #
 # HEALER_VENV names the virtual environment (default: .venv in the checkout). Exit 0: NVML

@@ -38,9 +38,16 @@ def test_each_fact_the_rules_read_stands_beside_the_simulators_assumption(tmp_pa
     done = run(
         "--recorded", str(node.root / "nvml.json"), "--out", str(tmp_path / "out"),
         "--kmsg", str(node.kmsg), "--sysfs", str(node.root / "sys"),
+        "--bundle-command", "echo Driver Version : 570.133.20",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    # The log bundle the agent would attach to a ticket, as the controller decodes it.
+    bundle = next(line for line in lines if line.startswith("log bundle: "))
+    assert "(limit 65,536)" in bundle and bundle.endswith("; echo Driver Version : 570.133.20: exit 0")
+    text = (tmp_path / "out" / "log-bundle.txt").read_text()
+    assert "=== NVIDIA driver Xid lines (1) ===" in text and "Driver Version : 570.133.20" in text
+    assert "NVRM: Xid (PCI:0000:ab:00): 48, " in text
     assert "GPUs: 8 x NVIDIA H100 80GB HBM3" in lines
     assert f"kernel log: 3 records from {node.kmsg}, 1 Xid lines (last: Xid 48 on 00000000:AB:00.0)" in lines
     assert f"InfiniBand hw_counters: 14 files on 2 port(s) under {node.root / 'sys'}" in lines
