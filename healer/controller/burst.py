@@ -11,7 +11,10 @@ numbers as evidence: ``succeeded``, ``failed``, ``dry_run`` (the port changed no
 
 On a closed burst node the pods that may come back (:func:`healer.engine.capacity.plan_returns`)
 are evicted one at a time, at most one a run and one every ``60 / return.pods_per_minute`` seconds
-per rule (the pace is strict: no minute sees more), each an ``actions`` row of kind
+per rule (the pace is strict: no minute sees more; it counts from when the API server answered the
+previous eviction, on this process's monotonic clock, so a run slower to reach its eviction than
+the one before cannot bring two closer together; after a restart, from the recorded return), each
+an ``actions`` row of kind
 ``burst_return``; none while a pod requesting GPUs is pending (the last one sent back is not placed
 yet, so the free GPUs it counted on are not known to be there). A pod that cannot come back stays,
 is listed on the dashboard with why, and is logged once.
@@ -25,6 +28,7 @@ the latest recorded transition.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -82,7 +86,9 @@ class BurstSync:
     actor: str = "healer"
     kueue_pending: Callable[[], int] | None = None
     memory: dict[tuple[str, str], BurstMemory] = field(default_factory=dict)
-    last_return: dict[str, datetime] = field(default_factory=dict)
+    #: Per rule, when the API server answered the last eviction sent back, in ``clock`` seconds.
+    answered: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
     #: Pods sent back, by uid: never sent twice, and their GPUs spoken for until their replacement
     #: shows up (:class:`~healer.model.burst.Claim`, at most :data:`CLAIM_SECONDS`).
     sent: dict[str, Claim] = field(default_factory=dict)
@@ -301,21 +307,25 @@ class BurstSync:
         if cap.pending_gpu_pods:
             pending = cap.pending_gpu_pods
             return f"{pending} pod(s) requesting GPUs pending: the next returns once they are placed"
-        spacing = timedelta(seconds=60.0 / rule.return_.pods_per_minute)
-        last = self.last_return.get(rule.name) or last_return
-        if last is not None and now - last < spacing:
-            return f"the pace: next return at {(last + spacing).isoformat()}"
+        spacing = 60.0 / rule.return_.pods_per_minute
+        answered = self.answered.get(rule.name)
+        if answered is not None:
+            wait = spacing - (self.clock() - answered)
+        else:  # none sent by this process: the recorded return, if any, on the tick's clock
+            wait = spacing - (now - last_return).total_seconds() if last_return is not None else 0.0
+        if wait > 0:
+            return f"the pace: next return at {(now + timedelta(seconds=wait)).isoformat()}"
         pod = plan.back[0]
         fence.check()
         outcome, message = self.port.return_pod(pod)
         if outcome in ("budget", "rate_limited"):
             return f"{pod.key}: {message}"
+        self.answered[rule.name] = self.clock()
         status = {
             "evicted": ActionStatus.SUCCEEDED,
             "gone": ActionStatus.SUCCEEDED,
             "dry_run": ActionStatus.DRY_RUN,
         }
-        self.last_return[rule.name] = now
         siblings = frozenset(p.uid for p in pods if pod.owner_uid and p.owner_uid == pod.owner_uid)
         self.sent[pod.uid] = Claim(pod.uid, pod.gpus, now, pod.owner_uid, siblings)
         with transaction(self.sessions) as session:

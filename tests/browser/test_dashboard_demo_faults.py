@@ -109,10 +109,15 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
                             now=datetime.now(UTC),
                         )
                         state = result.state
-                        fired |= {(f.rule, f.node) for fs in result.findings.firing.values() for f in fs}
+                        now_firing = {(f.rule, f.node) for fs in result.findings.firing.values() for f in fs}
+                        # Each fault's incident opens at the tick its rule first fires, as the
+                        # controller's would: its finding may resolve before the last fault fires.
+                        for rule, node in sorted((now_firing & wanted) - fired):
+                            _open_incident(factory, node, rule)
+                        fired |= now_firing
                         time.sleep(0.5)
                 assert wanted <= fired, sorted(wanted - fired)
-                _open_incidents(factory)
+                _close_healthy_incident(factory)
                 app = build_app(
                     factory,
                     make_settings(refresh_seconds=30),
@@ -126,28 +131,33 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
         engine.dispose()
 
 
-def _open_incidents(factory: sessionmaker[Session]) -> None:
-    """What the controller records for each fault: an incident following the rule, the node
-    quarantined with a cordon; the healthy node's closed incident stays on the fleet page."""
+def _open_incident(factory: sessionmaker[Session], name: str, rule: str) -> None:
+    """What the controller records when ``rule`` fires on node ``name``: an incident following the
+    rule, its findings hung on it, the node quarantined with a cordon."""
     now = datetime.now(UTC)
     with factory() as s, s.begin():
-        for name, (rule, _) in FAULTS.items():
-            node = repo.get_or_create_node(s, name, now=now)
-            incident = repo.ensure_incident(s, node, now=now, summary=f"{rule} firing")
-            s.execute(update(Incident).where(Incident.id == incident.id).values(rule=rule))
-            repo.attach_findings(s, node, incident)
-            repo.transition(
-                s,
-                node,
-                NodeState.QUARANTINED,
-                now=now,
-                actor="healer",
-                reason=f"{rule} firing",
-                incident=incident,
-            )
-            repo.record_action(
-                s, kind="cordon", status="succeeded", actor="healer", now=now, node=node, incident=incident
-            )
+        node = repo.get_or_create_node(s, name, now=now)
+        incident = repo.ensure_incident(s, node, now=now, summary=f"{rule} firing")
+        s.execute(update(Incident).where(Incident.id == incident.id).values(rule=rule))
+        repo.attach_findings(s, node, incident)
+        repo.transition(
+            s,
+            node,
+            NodeState.QUARANTINED,
+            now=now,
+            actor="healer",
+            reason=f"{rule} firing",
+            incident=incident,
+        )
+        repo.record_action(
+            s, kind="cordon", status="succeeded", actor="healer", now=now, node=node, incident=incident
+        )
+
+
+def _close_healthy_incident(factory: sessionmaker[Session]) -> None:
+    """The healthy node's closed incident, which stays on the fleet page."""
+    now = datetime.now(UTC)
+    with factory() as s, s.begin():
         healthy = repo.get_or_create_node(s, HEALTHY, now=now)
         repo.ensure_incident(s, healthy, now=now, summary="GpuTooHot firing")
         repo.close_incident(s, healthy, now=now, reason="returned to service")
