@@ -186,7 +186,10 @@ def raw_request(port: int, head: str, chunks: Iterator[bytes]) -> tuple[int, byt
             pass  # the server refused without reading the rest: what we want
         data = b""
         while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + 10:
-            part = sock.recv(65536)
+            try:
+                part = sock.recv(65536)
+            except ConnectionResetError:
+                break  # reset after what it sent: keep what arrived
             if not part:
                 break
             data += part
@@ -210,9 +213,16 @@ def test_declared_huge_bodies_are_refused_before_reading(served: tuple[int, int]
             f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
             f"Content-Length: {size}\r\n\r\n"
         )
-        status, body = raw_request(port, head, iter([b"x" * MIB] * (size // MIB)))
+        # The declaration alone is answered: not a byte of the body was needed (a server that
+        # waited for it would leave this read hanging until the socket's timeout).
+        status, body = raw_request(port, head, iter([]))
         assert status == 413, (path, body)
         assert json.loads(body)["error"]["code"] == "payload_too_large"
+        # A client that sends the body all the same gets the 413 too, and nothing of it is kept.
+        # (The server closes with the body's unread bytes in its buffer: the kernel may reset the
+        # connection before the error's JSON leaves, so only the status line is certain here.)
+        status, body = raw_request(port, head, iter([b"x" * MIB] * (size // MIB)))
+        assert status == 413, (path, body)
     assert peak_rss_kib(pid) - before < 16 * 1024  # KiB: nothing near the bodies' size was held
 
 
