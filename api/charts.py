@@ -64,7 +64,7 @@ METRICS = (
 @dataclass(frozen=True)
 class RuleSeries:
     """What a rule compares: its input series (PromQL, the fleet's), the operator and the threshold
-    of its leading comparison with a number (``None`` when it compares with none)."""
+    of its comparison with a number (``None`` when it compares with none, or with several)."""
 
     rule: str
     expr: str
@@ -78,7 +78,9 @@ def rule_series(rule: Rule) -> RuleSeries:
         what = rule_query(rule.expr)
     except PromqlSyntax:
         return RuleSeries(rule=rule.name, expr=rule.expr.strip())
-    lead = (what.drawn or what.bounds or (None,))[0]
+    # One comparison with a number is a threshold; a set of them (GpuFatalXid's ">= 46 and
+    # <= 154 and != 47 ...": the fatal Xid codes) is not, and the verdict names none.
+    lead = what.bounds[0] if len(what.bounds) == 1 else None
     return RuleSeries(
         rule=rule.name,
         expr=what.series,

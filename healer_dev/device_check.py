@@ -322,7 +322,16 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     summary = __doc__.split("\n\n")[0].replace("``", "")
-    parser = argparse.ArgumentParser(prog="device-check", description=summary)
+    parser = argparse.ArgumentParser(
+        prog="device-check",
+        description=summary,
+        epilog=(
+            "Needs healer installed with the agent extra (pip install -e '.[agent]': nvidia-ml-py) "
+            "and, for /dev/kmsg, root or CAP_SYSLOG. Exit status: 0 NVML answered (the table says "
+            "what differs); 2 NVML not available (the reason printed). Runs on real GPUs are kept "
+            "in docs/device-checks/."
+        ),
+    )
     parser.add_argument("--recorded", type=Path, help="read a recorded NVML device instead of the real one")
     parser.add_argument(
         "--out", type=Path, help="also write nvml-recording.json, metrics.prom and log-bundle.txt here"
