@@ -342,6 +342,22 @@ def _series_label(labels: Mapping[str, str]) -> str:
     return labels.get("UUID", "node")
 
 
+def _series_labels(all_labels: Sequence[Mapping[str, str]]) -> list[str]:
+    """Each series' legend label; series that would share one (a GPU's Xid gauge per code, two
+    exporters' copies) also name the labels that tell them apart (``GPU 5 xid=79``)."""
+    labels = [_series_label(one) for one in all_labels]
+    for label in set(labels):
+        same = [i for i, other in enumerate(labels) if other == label]
+        if len(same) < 2:
+            continue
+        keys = sorted({k for i in same for k in all_labels[i]})
+        differ = [k for k in keys if len({all_labels[i].get(k) for i in same}) > 1]
+        for i in same:
+            extra = " ".join(f"{k}={all_labels[i].get(k, '')}" for k in differ[:2])
+            labels[i] = f"{label} {extra}".rstrip()
+    return labels
+
+
 def _time_label(ts: float, span: float, start: datetime) -> str:
     return datetime.fromtimestamp(ts, tz=start.tzinfo).strftime("%H:%M" if span >= 600 else "%H:%M:%S")
 
@@ -393,8 +409,8 @@ def _panel(
         last = s.points[-1][1] * metric.scale
         return Line(label=label, color=color, path=path, last=last, points=len(coords), dashed=dashed)
 
-    for i, s in enumerate(series):
-        panel.lines.append(line(s, PALETTE[i % len(PALETTE)], _series_label(s.labels)))
+    for i, (s, label) in enumerate(zip(series, _series_labels([s.labels for s in series]), strict=True)):
+        panel.lines.append(line(s, PALETTE[i % len(PALETTE)], label))
     for s in against:
         panel.lines.append(line(s, THRESHOLD_COLOR, f"threshold ({_series_label(s.labels)})", dashed=True))
     panel.thresholds = [(y(v), f"{v:g}") for v in thresholds]

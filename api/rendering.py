@@ -33,10 +33,16 @@ def format_duration(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-def format_time(value: datetime | None) -> str:
-    """An aware datetime as ``2026-03-01 12:30:05Z`` (UTC, second precision)."""
+def format_time(value: datetime | str | None) -> str:
+    """An aware datetime (or its ISO 8601 text, as a switch records it) as ``2026-03-01 12:30:05Z``
+    (UTC, second precision); text that is no time is shown as it is."""
     if value is None:
         return "-"
+    if isinstance(value, str):
+        try:
+            return format_time(datetime.fromisoformat(value))
+        except ValueError:
+            return value
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 

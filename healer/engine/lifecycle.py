@@ -587,7 +587,7 @@ def _quarantine(facts: NodeFacts, ctx: Context, *, reason: str, row: str, **extr
     capture, asked = _capture(facts, ctx)
     effects += capture
     memory = replace(memory, capture=asked)
-    done = "quarantined (cordoned and tainted)" if quarantine is not None else "tainted (not cordoned)"
+    done = "cordoned and tainted" if quarantine is not None else "tainted, not cordoned"
     return Step(
         kind=StepKind.QUARANTINE,
         to=NodeState.QUARANTINED,
@@ -1355,7 +1355,7 @@ def _domain_taint(f: NodeFacts, c: Context) -> Step | None:
     return Step(
         kind=StepKind.QUARANTINE,
         to=NodeState.QUARANTINED,
-        reason=f"tainted (not cordoned): {message}: {_finding_story(finding, c)}",
+        reason=f"tainted, not cordoned: {message}: {_finding_story(finding, c)}",
         effects=(
             Taint(value=f"domain-{domain.kind}", effect=domain.taint_effect),
             SetCondition(healthy=False, reason="DomainFault", message=message),

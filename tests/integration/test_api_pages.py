@@ -155,6 +155,7 @@ class TestOtherPages:
         assert "Rejected reload" in text
         assert "XidFatal expr DCGM_FI_DEV_XID_ERRORS == 79 gpu-thermal error bad_data: parse error" in text
         assert "GpuTooHot" in text and "quarantine, ticket" in text
+        assert "Rule set loaded at 2026-02-28 12:00:00Z from rules/gpu" in text  # as every time on the pages
 
     def test_audit_filters_and_shows_refusals(self, client: httpx.Client) -> None:
         text = text_of(client.get("/audit?status=refused"))

@@ -46,11 +46,11 @@ def test_counts_are_whole_numbers() -> None:
 
 def test_quarantine_and_taint_only_are_named_for_what_happened() -> None:
     hot = lc.decide(facts(NodeState.SUSPECT, firing=(finding(),)), CTX)
-    assert hot is not None and hot.reason.startswith("quarantined (cordoned and tainted): finding held 30s:")
+    assert hot is not None and hot.reason.startswith("cordoned and tainted: finding held 30s:")
     assert "GpuTooHot firing on GPU 0 (value 91 degrees C, held 30s)" in hot.reason
     throttled = lc.decide(facts(NodeState.SUSPECT, firing=(finding("Throttled"),)), CTX)
     assert throttled is not None
-    assert throttled.reason.startswith("tainted (not cordoned): finding held 2m:")
+    assert throttled.reason.startswith("tainted, not cordoned: finding held 2m:")
 
 
 def test_a_human_uncordon_while_the_fault_fires_leaves_the_condition_false() -> None:

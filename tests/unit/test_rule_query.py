@@ -118,3 +118,23 @@ def test_the_verdict_reads_the_one_bound_of_a_default_rule() -> None:
     assert (xid.op, xid.threshold) == (None, None)
     slow = rule_series(DEFAULT.rule("GpuHardwareSlowdown"))
     assert (slow.op, slow.threshold) == (None, None)
+
+
+def test_a_legend_tells_apart_series_of_one_gpu() -> None:
+    """A GPU's Xid gauge per code (or two exporters' copies) would read "GPU 5" twice in the legend:
+    the labels that differ are named; a GPU with one series keeps its plain label."""
+    from datetime import UTC, datetime
+
+    from api.charts import ChartMetric, _panel
+    from healer.sources.prometheus_range import RangeSeries
+
+    at = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    points = [(at.timestamp() - 60, 1.0), (at.timestamp(), 1.0)]
+    series = [
+        RangeSeries({"gpu": "5", "xid": "79", "Hostname": "gpu-node-12"}, points),
+        RangeSeries({"gpu": "5", "xid": "48", "Hostname": "gpu-node-12"}, points),
+        RangeSeries({"gpu": "2", "Hostname": "gpu-node-12"}, points),
+    ]
+    metric = ChartMetric("DCGM_FI_DEV_XID_ERRORS", title="Xid", unit="")
+    panel = _panel(metric, series, start=at.replace(hour=11), end=at)
+    assert sorted(line.label for line in panel.lines) == ["GPU 2", "GPU 5 xid=48", "GPU 5 xid=79"]
