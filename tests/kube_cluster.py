@@ -287,9 +287,13 @@ class ControlPlane:
                 # RemoteDisconnected) is tried again. A POST sent twice (by this retry, or by the
                 # client's connection pool under load, as CI saw on a first attempt) answers 409
                 # AlreadyExists: names carry the test's own prefix, so that node is this one, and
-                # the wait below still checks its labels and readiness.
+                # the wait below still checks its labels and readiness. A TLS record that fails its
+                # MAC on a pooled connection (CI saw DECRYPTION_FAILED_OR_BAD_RECORD_MAC once, eight
+                # POSTs in flight) is tried again the same way, on a fresh connection.
                 for attempt in tenacity.Retrying(
-                    retry=tenacity.retry_if_exception_type(urllib3.exceptions.ProtocolError),
+                    retry=tenacity.retry_if_exception_type(
+                        (urllib3.exceptions.ProtocolError, urllib3.exceptions.SSLError)
+                    ),
                     stop=tenacity.stop_after_attempt(3),
                     reraise=True,
                 ):
