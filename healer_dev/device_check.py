@@ -32,6 +32,7 @@ import json
 import math
 import platform
 import re
+import shlex
 import sys
 import time
 import urllib.request
@@ -361,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out=args.out,
         sysfs=args.sysfs,
         kmsg=args.kmsg,
-        bundle_command=args.bundle_command.split(),
+        bundle_command=shlex.split(args.bundle_command),
     )
     sys.stdout.write(report)
     return status

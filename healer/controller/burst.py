@@ -13,8 +13,8 @@ On a closed burst node the pods that may come back (:func:`healer.engine.capacit
 are evicted one at a time, at most one a run and one every ``60 / return.pods_per_minute`` seconds
 per rule (the pace is strict: no minute sees more; it counts from when the API server answered the
 previous eviction, on this process's monotonic clock, so a run slower to reach its eviction than
-the one before cannot bring two closer together; after a restart, from the recorded return), each
-an ``actions`` row of kind
+the one before cannot bring two closer together; after a restart or a takeover, whose recorded
+return was timed by another clock, from the first run that sees it), each an ``actions`` row of kind
 ``burst_return``; none while a pod requesting GPUs is pending (the last one sent back is not placed
 yet, so the free GPUs it counted on are not known to be there). A pod that cannot come back stays,
 is listed on the dashboard with why, and is logged once.
@@ -309,10 +309,11 @@ class BurstSync:
             return f"{pending} pod(s) requesting GPUs pending: the next returns once they are placed"
         spacing = 60.0 / rule.return_.pods_per_minute
         answered = self.answered.get(rule.name)
-        if answered is not None:
-            wait = spacing - (self.clock() - answered)
-        else:  # none sent by this process: the recorded return, if any, on the tick's clock
-            wait = spacing - (now - last_return).total_seconds() if last_return is not None else 0.0
+        if answered is None and last_return is not None:
+            # A return recorded before this process sent one (a restart, another replica): its time
+            # is another clock's, so the pace counts from now, as if it had just been answered.
+            answered = self.answered[rule.name] = self.clock()
+        wait = spacing - (self.clock() - answered) if answered is not None else 0.0
         if wait > 0:
             return f"the pace: next return at {(now + timedelta(seconds=wait)).isoformat()}"
         pod = plan.back[0]

@@ -183,7 +183,7 @@ def test_the_ticket_says_why_it_has_no_bundle_though_one_was_asked() -> None:
     )
 
 
-def test_a_reset_asked_before_the_capture_was_answered_supersedes_it_and_its_ticket_is_not_held() -> None:
+def test_a_repair_asked_before_the_capture_was_answered_supersedes_it_and_its_ticket_is_not_held() -> None:
     """The agent holds one request at a time: the ladder's reboot, asked as the node is held,
     replaced the capture. The reboot's answer carries the bundle; the capture ends ``superseded``
     and the replacement ticket that follows a failed reboot is not held for it."""
